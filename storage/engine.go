@@ -1,0 +1,146 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Engine is the seam between the store and Pebble. Reads go through
+// pebble.Reader (the DB, a snapshot or an indexed batch); every write is a
+// batch made durable by exactly one Commit call ("batch_write_durable").
+//
+// Fault injection wraps an Engine (FaultEngine) and fails or "crashes" at
+// the Nth durable call; the store and the cascade never write any other way.
+type Engine interface {
+	pebble.Reader
+	NewSnapshot() *pebble.Snapshot
+	NewBatch(...pebble.BatchOption) *pebble.Batch
+	NewIndexedBatch() *pebble.Batch
+	// Commit applies b with fsync. It is the only durable call.
+	Commit(b *pebble.Batch) error
+	Metrics() *pebble.Metrics
+	// DiskUsage reports the bytes the engine occupies on disk.
+	DiskUsage() uint64
+}
+
+// PebbleEngine is the production Engine.
+type PebbleEngine struct{ *pebble.DB }
+
+// OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
+// nil (the OS filesystem) or a fault-injecting vfs.FS.
+func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) {
+	opts := &pebble.Options{Logger: pebbleLogger{log}}
+	if fs != nil {
+		opts.FS = fs
+	}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open pebble at %s: %w", ErrStorage, dir, err)
+	}
+	return &PebbleEngine{DB: db}, nil
+}
+
+// Commit applies b synchronously (fsync before returning).
+func (e *PebbleEngine) Commit(b *pebble.Batch) error { return b.Commit(pebble.Sync) }
+
+// DiskUsage reports Pebble's own disk usage.
+func (e *PebbleEngine) DiskUsage() uint64 { return e.DB.Metrics().DiskSpaceUsage() }
+
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	if l.log != nil {
+		l.log.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	if l.log != nil {
+		l.log.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	}
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	if l.log != nil {
+		l.log.Error(fmt.Sprintf(format, args...), "component", "pebble", "fatal", true)
+	}
+	panic(fmt.Sprintf(format, args...))
+}
+
+// ErrInjected marks a failure injected by FaultEngine. It is wrapped in
+// ErrStorage like any engine failure.
+var ErrInjected = errors.New("injected fault")
+
+// FaultEngine wraps a real Engine and injects failures at durable calls.
+// Reads pass through untouched.
+type FaultEngine struct {
+	Engine
+
+	mu    sync.Mutex
+	calls int
+	// inject, when set, is asked before durable call n (1-based); a non-nil
+	// error fails the call without applying the batch.
+	inject func(n int) error
+	// after, when set, is called after durable call n landed.
+	after func(n int)
+}
+
+// NewFaultEngine wraps e.
+func NewFaultEngine(e Engine) *FaultEngine { return &FaultEngine{Engine: e} }
+
+// SetInject installs the failure function (nil removes it).
+func (f *FaultEngine) SetInject(fn func(n int) error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inject = fn
+}
+
+// SetAfter installs a hook run after every durable call that landed.
+func (f *FaultEngine) SetAfter(fn func(n int)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.after = fn
+}
+
+// CrashAfter makes every durable call after the first k fail, as if the
+// process had died right after call k landed.
+func (f *FaultEngine) CrashAfter(k int) {
+	f.SetInject(func(n int) error {
+		if n > k {
+			return fmt.Errorf("%w: crash after durable call %d (call %d refused)", ErrInjected, k, n)
+		}
+		return nil
+	})
+}
+
+// Calls returns the number of durable calls attempted so far.
+func (f *FaultEngine) Calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// Commit counts the call, consults the injector, and commits for real.
+func (f *FaultEngine) Commit(b *pebble.Batch) error {
+	f.mu.Lock()
+	f.calls++
+	n, inject, after := f.calls, f.inject, f.after
+	f.mu.Unlock()
+	if inject != nil {
+		if err := inject(n); err != nil {
+			return err
+		}
+	}
+	if err := f.Engine.Commit(b); err != nil {
+		return err
+	}
+	if after != nil {
+		after(n)
+	}
+	return nil
+}

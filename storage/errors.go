@@ -1,0 +1,31 @@
+package storage
+
+import "errors"
+
+// Sentinel errors. Every error the store returns wraps one of these (test with
+// errors.Is), with the details in the message.
+var (
+	// ErrNotFound: the entity (or an edge's endpoint) never existed.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyTombstoned: the entity's latest version is a tombstone;
+	// resurrection and double deletes are refused.
+	ErrAlreadyTombstoned = errors.New("already tombstoned")
+	// ErrEndpointDead: an edge endpoint's latest version is a tombstone.
+	ErrEndpointDead = errors.New("endpoint dead")
+	// ErrCascadeInFlight: a cascade journal for a node the write touches is
+	// being applied. Retryable.
+	ErrCascadeInFlight = errors.New("cascade in flight")
+	// ErrInvalid: the request itself is malformed (bad tenant, empty interval,
+	// changed edge endpoints, ...).
+	ErrInvalid = errors.New("invalid")
+	// ErrDecode: a stored record or key failed to decode.
+	ErrDecode = errors.New("decode")
+	// ErrStorage: the engine failed (I/O, closed, injected crash). Transient
+	// from the caller's point of view: the write did not happen.
+	ErrStorage = errors.New("storage")
+)
+
+// IsRetryable reports whether err is worth retrying later unchanged.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrStorage) || errors.Is(err, ErrCascadeInFlight)
+}

@@ -1,0 +1,434 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/google/uuid"
+)
+
+// Options configure Open. Every field is optional.
+type Options struct {
+	// Clock is the wall clock behind the TxClock. Default: the system clock.
+	Clock Clock
+	// FS is the filesystem Pebble uses. Default: the OS. Tests pass a
+	// fault-injecting vfs.FS.
+	FS vfs.FS
+	// WrapEngine, when set, wraps the opened engine (fault injection).
+	WrapEngine func(Engine) Engine
+	// Logger receives the store's and Pebble's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// OnCommit, when set, observes every durable call: its duration, the
+	// number of ops in the batch and its error.
+	OnCommit func(d time.Duration, ops int, err error)
+}
+
+// Store is the tritemporal version store. It is safe for concurrent use:
+// reads run concurrently against committed state; writes that allocate a
+// transaction time are serialised by Update.
+type Store struct {
+	eng      Engine
+	clock    *TxClock
+	log      *slog.Logger
+	onCommit func(time.Duration, int, error)
+
+	writeMu sync.Mutex // serialises Update
+
+	tenantsMu sync.RWMutex
+	tenants   map[string]bool
+
+	journals *Journals
+	closed   atomic.Bool
+}
+
+// OpenStore opens the store in dir (Pebble), creating it if needed, and rebuilds
+// the in-memory tenant registry and journal fences from disk.
+func OpenStore(dir string, opts Options) (*Store, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	pe, err := OpenPebble(dir, opts.FS, log)
+	if err != nil {
+		return nil, err
+	}
+	var eng Engine = pe
+	if opts.WrapEngine != nil {
+		eng = opts.WrapEngine(eng)
+	}
+	s, err := OpenEngine(eng, opts)
+	if err != nil {
+		_ = pe.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// OpenEngine opens a store over an already open engine.
+func OpenEngine(eng Engine, opts Options) (*Store, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Store{
+		eng:      eng,
+		log:      log,
+		onCommit: opts.OnCommit,
+		tenants:  map[string]bool{},
+		journals: newJournals(),
+	}
+	if err := s.checkFormat(); err != nil {
+		return nil, err
+	}
+	hwm, err := s.readHWM()
+	if err != nil {
+		return nil, err
+	}
+	s.clock = NewTxClock(opts.Clock, hwm)
+	if err := s.loadTenants(); err != nil {
+		return nil, err
+	}
+	if err := s.loadJournals(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) checkFormat() error {
+	v, ok, err := getValue(s.eng, formatKey())
+	if err != nil {
+		return err
+	}
+	if ok {
+		if len(v) != 1 || v[0] != FormatVersion {
+			return fmt.Errorf("%w: store format %x, this build reads %d", ErrDecode, v, FormatVersion)
+		}
+		return nil
+	}
+	b := s.eng.NewBatch()
+	defer b.Close()
+	_ = b.Set(formatKey(), []byte{FormatVersion}, nil)
+	return s.commit(b)
+}
+
+func (s *Store) readHWM() (Ts, error) {
+	v, ok, err := getValue(s.eng, clockKey())
+	if err != nil || !ok {
+		return NoTs, err
+	}
+	if len(v) != 8 {
+		return NoTs, fmt.Errorf("%w: clock high-water mark %x", ErrDecode, v)
+	}
+	return Ts(binary.BigEndian.Uint64(v)), nil
+}
+
+func (s *Store) loadTenants() error {
+	lo, hi := TenantRegistryRange()
+	return scan(s.eng, lo, hi, func(k, _ []byte) error {
+		key, err := DecodeKey(k)
+		if err != nil {
+			return err
+		}
+		s.tenants[key.Tenant] = true
+		return nil
+	})
+}
+
+func (s *Store) loadJournals() error {
+	for _, sc := range s.Tenants() {
+		if err := s.LoadJournals(sc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LoadJournals registers every durable journal head of a tenant that is not
+// registered yet (a head that fails to decode is recorded as poison). The
+// store calls it at open; the reaper calls it on each pass.
+func (s *Store) LoadJournals(sc Scope) error {
+	lo, hi := JobsInState(sc, CascadeJournalState)
+	return scan(s.eng, lo, hi, func(k, v []byte) error {
+		if s.journals.ByKey(k) != nil {
+			return nil
+		}
+		e, err := journalEntry(sc, k, v)
+		if err != nil {
+			s.journals.addPoison(&PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: err.Error(), Seen: s.clock.Wall().Now()})
+			s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", err)
+			return nil
+		}
+		s.journals.add(e)
+		return nil
+	})
+}
+
+func journalEntry(sc Scope, k, v []byte) (*JournalEntry, error) {
+	key, err := DecodeKey(k)
+	if err != nil {
+		return nil, err
+	}
+	if key.Tenant != sc.Tenant() || key.State != CascadeJournalState {
+		return nil, fmt.Errorf("%w: journal key %x outside scope", ErrDecode, k)
+	}
+	j, err := DecodeJournal(v)
+	if err != nil {
+		return nil, err
+	}
+	if j.Tx != key.CreatedAt {
+		return nil, fmt.Errorf("%w: journal tx %d differs from key created_at %d", ErrDecode, j.Tx, key.CreatedAt)
+	}
+	return &JournalEntry{Scope: sc, HeadKey: append([]byte(nil), k...), J: j}, nil
+}
+
+// Close closes the engine. Callers stop writers first.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if err := s.eng.Close(); err != nil {
+		return fmt.Errorf("%w: close: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Engine returns the engine (for fault-injection tests and tools).
+func (s *Store) Engine() Engine { return s.eng }
+
+// Clock returns the store's transaction clock.
+func (s *Store) Clock() *TxClock { return s.clock }
+
+// Journals returns the journal registry (the fences).
+func (s *Store) Journals() *Journals { return s.journals }
+
+// Tenants lists every tenant that has written anything, in name order.
+func (s *Store) Tenants() []Scope {
+	s.tenantsMu.RLock()
+	defer s.tenantsMu.RUnlock()
+	out := make([]Scope, 0, len(s.tenants))
+	for t := range s.tenants {
+		out = append(out, Scope{tenant: t})
+	}
+	sortScopes(out)
+	return out
+}
+
+func (s *Store) knownTenant(t string) bool {
+	s.tenantsMu.RLock()
+	defer s.tenantsMu.RUnlock()
+	return s.tenants[t]
+}
+
+// NewSnapshot returns a consistent snapshot of committed state.
+func (s *Store) NewSnapshot() *pebble.Snapshot { return s.eng.NewSnapshot() }
+
+// Reader returns a reader of the latest committed state.
+func (s *Store) Reader() pebble.Reader { return s.eng }
+
+// NewBatch returns an empty write batch for CommitDurable.
+func (s *Store) NewBatch() *pebble.Batch { return s.eng.NewBatch() }
+
+// CommitDurable commits a batch that allocates no new transaction time (a
+// cascade chunk re-using its journal's tx, a journal removal). Batches that
+// carry a new tx must go through Update, which persists the clock.
+func (s *Store) CommitDurable(b *pebble.Batch) error { return s.commit(b) }
+
+func (s *Store) commit(b *pebble.Batch) error {
+	if s.closed.Load() {
+		return fmt.Errorf("%w: store closed", ErrStorage)
+	}
+	start := time.Now()
+	err := s.eng.Commit(b)
+	if s.onCommit != nil {
+		s.onCommit(time.Since(start), int(b.Count()), err)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: durable commit of %d ops: %w", ErrStorage, b.Count(), err)
+	}
+	return nil
+}
+
+// Update runs fn in a serialised read-write transaction and commits its
+// writes in one durable batch. fn reads through the Txn, which sees the
+// committed state plus the transaction's own pending writes. If fn returns
+// an error nothing is written. After a successful commit the transaction's
+// after-commit actions run, still serialised with other Updates.
+//
+// Invariant: the batch also records the clock's high-water mark, taken under
+// the same lock that serialises every tx allocation, so the durable mark is
+// never below a durable tx.
+func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.closed.Load() {
+		return fmt.Errorf("%w: store closed", ErrStorage)
+	}
+	t := &Txn{s: s, b: s.eng.NewIndexedBatch(), newTenants: map[string]bool{}}
+	defer t.b.Close()
+	if err := fn(t); err != nil {
+		t.rollback()
+		return err
+	}
+	if t.b.Empty() {
+		t.runAfterCommit()
+		return nil
+	}
+	if t.usedTx {
+		_ = t.b.Set(clockKey(), binary.BigEndian.AppendUint64(nil, uint64(s.clock.Last())), nil)
+	}
+	for tn := range t.newTenants {
+		_ = t.b.Set(TenantKey(Scope{tenant: tn}), nil, nil)
+	}
+	if err := s.commit(t.b); err != nil {
+		t.rollback()
+		return err
+	}
+	if len(t.newTenants) > 0 {
+		s.tenantsMu.Lock()
+		for tn := range t.newTenants {
+			s.tenants[tn] = true
+		}
+		s.tenantsMu.Unlock()
+	}
+	t.runAfterCommit()
+	return nil
+}
+
+// RemoveJournal durably deletes a journal (head and pages) together with
+// whatever extra writes fill in (the request's receipt and result outbox row),
+// then drops its fence. These deletes are the only ones the cascade issues;
+// they live in the jobs keyspace.
+func (s *Store) RemoveJournal(e *JournalEntry, fill func(b *pebble.Batch) error) error {
+	b := s.eng.NewBatch()
+	defer b.Close()
+	key, err := DecodeKey(e.HeadKey)
+	if err != nil {
+		return err
+	}
+	_ = b.Delete(e.HeadKey, nil)
+	for p := uint32(0); p < e.J.PageCount; p++ {
+		_ = b.Delete(JournalPageKey(e.Scope, key.Priority, key.CreatedAt, key.JobID, p), nil)
+	}
+	if fill != nil {
+		if err := fill(b); err != nil {
+			return err
+		}
+	}
+	if err := s.commit(b); err != nil {
+		return err
+	}
+	s.journals.remove(e)
+	return nil
+}
+
+// JournalPages streams a journal's edge ids, page by page, from r.
+func JournalPages(r pebble.Reader, e *JournalEntry, fn func(ids []uuid.UUID) error) error {
+	key, err := DecodeKey(e.HeadKey)
+	if err != nil {
+		return err
+	}
+	var total uint64
+	for p := uint32(0); p < e.J.PageCount; p++ {
+		v, ok, err := getValue(r, JournalPageKey(e.Scope, key.Priority, key.CreatedAt, key.JobID, p))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: journal %x: page %d missing", ErrDecode, e.HeadKey, p)
+		}
+		ids, err := DecodeJournalPage(v)
+		if err != nil {
+			return fmt.Errorf("journal %x page %d: %w", e.HeadKey, p, err)
+		}
+		total += uint64(len(ids))
+		if err := fn(ids); err != nil {
+			return err
+		}
+	}
+	if total != e.J.Edges {
+		return fmt.Errorf("%w: journal %x: pages hold %d edge ids, head says %d", ErrDecode, e.HeadKey, total, e.J.Edges)
+	}
+	return nil
+}
+
+// PendingOutbox lists a tenant's finished journaled requests whose result has
+// not been published yet.
+func (s *Store) PendingOutbox(sc Scope) ([]Outbox, [][]byte, error) {
+	lo, hi := JobsInState(sc, ResultOutboxState)
+	var out []Outbox
+	var keys [][]byte
+	err := scan(s.eng, lo, hi, func(k, v []byte) error {
+		o, err := DecodeOutbox(v)
+		if err != nil {
+			s.log.Error("undecodable outbox row", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", err)
+			return nil
+		}
+		o.Tenant = sc.Tenant()
+		out = append(out, o)
+		keys = append(keys, append([]byte(nil), k...))
+		return nil
+	})
+	return out, keys, err
+}
+
+// AckOutbox deletes a published outbox row.
+func (s *Store) AckOutbox(key []byte) error {
+	b := s.eng.NewBatch()
+	defer b.Close()
+	_ = b.Delete(key, nil)
+	return s.commit(b)
+}
+
+// getValue reads one key; ok is false when it is absent.
+func getValue(r pebble.Reader, k []byte) ([]byte, bool, error) {
+	v, c, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: get %x: %w", ErrStorage, k, err)
+	}
+	out := append([]byte(nil), v...)
+	_ = c.Close()
+	return out, true, nil
+}
+
+// scan calls fn for every key in [lo, hi) in order. The slices are only
+// valid during the call.
+func scan(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return fmt.Errorf("%w: read %x: %w", ErrStorage, it.Key(), err)
+		}
+		if err := fn(it.Key(), v); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("%w: iterate: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Scan exposes scan for other packages' tools and tests.
+func Scan(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error {
+	return scan(r, lo, hi, fn)
+}

@@ -1,0 +1,340 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/binary"
+	"fmt"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+)
+
+// Txn is a serialised read-write transaction (see Store.Update). Reads see
+// committed state plus the transaction's own pending writes, so requests
+// applied in order within one Txn behave exactly as if each had been
+// committed on its own.
+type Txn struct {
+	s           *Store
+	b           *pebble.Batch
+	usedTx      bool
+	newTenants  map[string]bool
+	rollbacks   []func()
+	afterCommit []func()
+}
+
+// Reader reads committed state plus this transaction's pending writes.
+func (t *Txn) Reader() pebble.Reader { return t.b }
+
+// Store returns the store the transaction belongs to.
+func (t *Txn) Store() *Store { return t.s }
+
+// NextTx allocates the next transaction time.
+func (t *Txn) NextTx() Ts {
+	t.usedTx = true
+	return t.s.clock.Next()
+}
+
+// Ops returns the number of writes pending in the transaction.
+func (t *Txn) Ops() int { return int(t.b.Count()) }
+
+// OnRollback registers an action to undo in-memory effects if the
+// transaction does not commit.
+func (t *Txn) OnRollback(fn func()) { t.rollbacks = append(t.rollbacks, fn) }
+
+// AfterCommit registers an action to run after the durable commit, while
+// Updates are still serialised.
+func (t *Txn) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) }
+
+func (t *Txn) rollback() {
+	for i := len(t.rollbacks) - 1; i >= 0; i-- {
+		t.rollbacks[i]()
+	}
+	t.rollbacks = nil
+}
+
+func (t *Txn) runAfterCommit() {
+	for _, fn := range t.afterCommit {
+		fn()
+	}
+}
+
+func (t *Txn) touch(sc Scope) {
+	if !t.s.knownTenant(sc.tenant) {
+		t.newTenants[sc.tenant] = true
+	}
+}
+
+// Latest returns the latest-recorded version (highest tx.start) of an entity.
+func (t *Txn) Latest(sc Scope, k Kind, id uuid.UUID) (Version, bool, error) {
+	return Latest(t.b, sc, k, id)
+}
+
+// WriteVersion appends a version's puts (3 for a node, 5 for an edge).
+func (t *Txn) WriteVersion(sc Scope, v *Version) {
+	t.touch(sc)
+	AppendVersion(t.b, sc, v)
+}
+
+// AppendVersion writes the puts of one version into b: the version record,
+// for edges both adjacency rows, and both index entries. Keys are a pure
+// function of (id, tx, valid), so writing the same version twice writes the
+// same bytes.
+func AppendVersion(b *pebble.Batch, sc Scope, v *Version) {
+	_ = b.Set(VersionKey(sc, v.Kind, v.ID, v.Tx.Start, v.Valid.Start), EncodeVersion(v), nil)
+	if v.Kind == KindEdge {
+		out := AdjRow{Other: v.Dst, Label: v.Label, Valid: v.Valid, Tx: v.Tx, Tombstone: v.Tombstone}
+		_ = b.Set(AdjKey(sc, true, v.Src, v.ID, v.Tx.Start, v.Valid.Start), EncodeAdj(&out), nil)
+		in := out
+		in.Other = v.Src
+		_ = b.Set(AdjKey(sc, false, v.Dst, v.ID, v.Tx.Start, v.Valid.Start), EncodeAdj(&in), nil)
+	}
+	_ = b.Set(ValidIdxKey(sc, v.Valid.Start, v.Kind, v.ID, v.Tx.Start), nil, nil)
+	_ = b.Set(TxIdxKey(sc, v.Tx.Start, v.Kind, v.ID, v.Valid.Start), nil, nil)
+}
+
+// NodeWrite is a put_node request. ValidFrom/ValidTo of NoTs mean "the
+// request's own tx" and "open".
+type NodeWrite struct {
+	ID        uuid.UUID
+	ValidFrom Ts
+	ValidTo   Ts
+	Props     []byte
+	Prov      Provenance
+}
+
+// EdgeWrite is a put_edge request.
+type EdgeWrite struct {
+	ID, Src, Dst uuid.UUID
+	Label        string
+	ValidFrom    Ts
+	ValidTo      Ts
+	Props        []byte
+	Prov         Provenance
+}
+
+func interval(from, to, tx Ts) (Interval, error) {
+	if from == NoTs {
+		from = tx
+	}
+	if to == NoTs {
+		to = OpenEnd
+	}
+	iv := Interval{Start: from, End: to}
+	if !iv.Valid() {
+		return iv, fmt.Errorf("%w: valid interval %s is empty", ErrInvalid, iv)
+	}
+	return iv, nil
+}
+
+func props(p []byte) []byte {
+	if len(p) == 0 {
+		return []byte("{}")
+	}
+	return p
+}
+
+// PutNode appends a new node version at a new tx.
+//
+// Refused: AlreadyTombstoned when the node's latest version is a tombstone
+// (resurrection is forbidden); CascadeInFlight while the node's cascade
+// journal is being applied; Invalid for an empty valid interval.
+func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
+	if sc.IsZero() {
+		return Version{}, fmt.Errorf("%w: no tenant", ErrInvalid)
+	}
+	if w.ValidFrom != NoTs && w.ValidTo != NoTs && w.ValidFrom >= w.ValidTo {
+		return Version{}, fmt.Errorf("%w: valid_from %s is not before valid_to %s", ErrInvalid, w.ValidFrom, w.ValidTo)
+	}
+	latest, ok, err := t.Latest(sc, KindNode, w.ID)
+	if err != nil {
+		return Version{}, err
+	}
+	if ok && latest.Tombstone {
+		return Version{}, fmt.Errorf("%w: node %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
+	}
+	if t.s.journals.Fenced(sc, w.ID) != nil {
+		return Version{}, fmt.Errorf("%w: node %s is being tombstoned", ErrCascadeInFlight, w.ID)
+	}
+	tx := t.NextTx()
+	valid, err := interval(w.ValidFrom, w.ValidTo, tx)
+	if err != nil {
+		return Version{}, err
+	}
+	v := Version{Kind: KindNode, ID: w.ID, Valid: valid, Tx: Open(tx), Props: props(w.Props), Prov: w.Prov}
+	t.WriteVersion(sc, &v)
+	return v, nil
+}
+
+// PutEdge appends a new edge version at a new tx.
+//
+// Checked in this order: Invalid (empty interval, or an existing edge with
+// other endpoints: src and dst are immutable); AlreadyTombstoned (the edge's
+// latest version is a tombstone); NotFound (an endpoint never existed);
+// EndpointDead (an endpoint's latest version is a tombstone);
+// CascadeInFlight (an endpoint's cascade journal is being applied).
+// Endpoints are checked by their latest versions only, not over the edge's
+// whole valid interval.
+func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
+	if sc.IsZero() {
+		return Version{}, fmt.Errorf("%w: no tenant", ErrInvalid)
+	}
+	if w.ValidFrom != NoTs && w.ValidTo != NoTs && w.ValidFrom >= w.ValidTo {
+		return Version{}, fmt.Errorf("%w: valid_from %s is not before valid_to %s", ErrInvalid, w.ValidFrom, w.ValidTo)
+	}
+	latest, ok, err := t.Latest(sc, KindEdge, w.ID)
+	if err != nil {
+		return Version{}, err
+	}
+	if ok && (latest.Src != w.Src || latest.Dst != w.Dst) {
+		return Version{}, fmt.Errorf("%w: edge %s connects %s->%s; src and dst are immutable", ErrInvalid, w.ID, latest.Src, latest.Dst)
+	}
+	if ok && latest.Tombstone {
+		return Version{}, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
+	}
+	ends := []uuid.UUID{w.Src, w.Dst}
+	if w.Src == w.Dst {
+		ends = ends[:1]
+	}
+	var state [2]Version
+	for i, n := range ends {
+		v, ok, err := t.Latest(sc, KindNode, n)
+		if err != nil {
+			return Version{}, err
+		}
+		if !ok {
+			return Version{}, fmt.Errorf("%w: endpoint node %s", ErrNotFound, n)
+		}
+		state[i] = v
+	}
+	for i, n := range ends {
+		if state[i].Tombstone {
+			return Version{}, fmt.Errorf("%w: endpoint node %s was tombstoned at tx %s", ErrEndpointDead, n, state[i].Tx.Start)
+		}
+	}
+	for _, n := range ends {
+		if t.s.journals.Fenced(sc, n) != nil {
+			return Version{}, fmt.Errorf("%w: endpoint node %s is being tombstoned", ErrCascadeInFlight, n)
+		}
+	}
+	tx := t.NextTx()
+	valid, err := interval(w.ValidFrom, w.ValidTo, tx)
+	if err != nil {
+		return Version{}, err
+	}
+	v := Version{Kind: KindEdge, ID: w.ID, Src: w.Src, Dst: w.Dst, Label: w.Label, Valid: valid, Tx: Open(tx), Props: props(w.Props), Prov: w.Prov}
+	t.WriteVersion(sc, &v)
+	return v, nil
+}
+
+// Receipt returns the stored receipt of a request id.
+func (t *Txn) Receipt(sc Scope, requestID string) (Receipt, bool, error) {
+	return GetReceipt(t.b, sc, requestID)
+}
+
+// PutReceipt stores a request's receipt in the transaction.
+func (t *Txn) PutReceipt(sc Scope, requestID string, r *Receipt) {
+	t.touch(sc)
+	_ = t.b.Set(ReceiptKey(sc, requestID), EncodeReceipt(r), nil)
+}
+
+// GetReceipt reads a request's receipt from r.
+func GetReceipt(r pebble.Reader, sc Scope, requestID string) (Receipt, bool, error) {
+	v, ok, err := getValue(r, ReceiptKey(sc, requestID))
+	if err != nil || !ok {
+		return Receipt{}, false, err
+	}
+	rc, err := DecodeReceipt(v)
+	if err != nil {
+		return Receipt{}, false, fmt.Errorf("receipt of %q: %w", requestID, err)
+	}
+	return rc, true, nil
+}
+
+// JournalJobID derives a journal's job id from its node and tx, so that
+// replaying the same history produces the same keys.
+func JournalJobID(node uuid.UUID, tx Ts) uuid.UUID {
+	var b [24]byte
+	copy(b[:], node[:])
+	binary.BigEndian.PutUint64(b[16:], uint64(tx))
+	return uuid.NewHash(sha1.New(), uuid.NameSpaceOID, b[:], 5)
+}
+
+// JournalWriter streams a journal's edge ids into page rows of the
+// transaction's batch and finally writes the head. Nothing is durable until
+// the Update commits: the head and all its pages land in one synced batch,
+// which is the cascade's commit point.
+type JournalWriter struct {
+	t     *Txn
+	sc    Scope
+	j     Journal
+	jobID uuid.UUID
+	page  []uuid.UUID
+}
+
+// BeginJournal starts a journal for node at tx.
+func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance) *JournalWriter {
+	t.touch(sc)
+	return &JournalWriter{
+		t: t, sc: sc, jobID: JournalJobID(node, tx),
+		j: Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now())},
+	}
+}
+
+// Add appends an edge id.
+func (w *JournalWriter) Add(id uuid.UUID) {
+	w.page = append(w.page, id)
+	w.j.Edges++
+	if len(w.page) == JournalPageSize {
+		w.flush()
+	}
+}
+
+func (w *JournalWriter) flush() {
+	if len(w.page) == 0 {
+		return
+	}
+	_ = w.t.b.Set(JournalPageKey(w.sc, 0, w.j.Tx, w.jobID, w.j.PageCount), EncodeJournalPage(w.page), nil)
+	w.j.PageCount++
+	w.page = w.page[:0]
+}
+
+// Finish writes the head and registers the journal (fencing its node) for
+// the rest of the transaction and, once committed, for good. The entry's
+// lease is held by token from the start, so the reaper never mistakes a
+// journal that is about to be applied for an orphan.
+func (w *JournalWriter) Finish(token uint64) *JournalEntry {
+	w.flush()
+	key := JobKey(w.sc, CascadeJournalState, 0, w.j.Tx, w.jobID)
+	_ = w.t.b.Set(key, EncodeJournal(&w.j), nil)
+	e := &JournalEntry{Scope: w.sc, HeadKey: key, J: w.j}
+	e.owner, e.heartbeat = token, w.t.s.clock.Wall().Now()
+	w.t.s.journals.add(e)
+	w.t.OnRollback(func() { w.t.s.journals.remove(e) })
+	return e
+}
+
+func sortScopes(s []Scope) { sort.Slice(s, func(i, j int) bool { return s[i].tenant < s[j].tenant }) }
+
+// PutNode commits one node version on its own (see Txn.PutNode).
+func (s *Store) PutNode(ctx context.Context, sc Scope, w NodeWrite) (Version, error) {
+	var v Version
+	err := s.Update(ctx, func(t *Txn) error {
+		var err error
+		v, err = t.PutNode(sc, w)
+		return err
+	})
+	return v, err
+}
+
+// PutEdge commits one edge version on its own (see Txn.PutEdge).
+func (s *Store) PutEdge(ctx context.Context, sc Scope, w EdgeWrite) (Version, error) {
+	var v Version
+	err := s.Update(ctx, func(t *Txn) error {
+		var err error
+		v, err = t.PutEdge(sc, w)
+		return err
+	})
+	return v, err
+}
