@@ -305,11 +305,12 @@ func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
 	return nil
 }
 
-// RemoveJournal durably deletes a journal (head and pages) together with
-// whatever extra writes fill in (the request's receipt and result outbox row),
-// then drops its fence. These deletes are the only ones the cascade issues;
-// they live in the jobs keyspace.
-func (s *Store) RemoveJournal(e *JournalEntry, fill func(b *pebble.Batch) error) error {
+// RemoveJournal durably deletes a journal (head and pages) and, when the
+// journal carries a request id, stores the request's receipt rc and a result
+// outbox row for the queue to publish, all in one batch; then it drops the
+// fence. These deletes are the only ones the cascade issues; they live in
+// the jobs keyspace.
+func (s *Store) RemoveJournal(e *JournalEntry, rc *Receipt) error {
 	b := s.eng.NewBatch()
 	defer b.Close()
 	key, err := DecodeKey(e.HeadKey)
@@ -320,10 +321,10 @@ func (s *Store) RemoveJournal(e *JournalEntry, fill func(b *pebble.Batch) error)
 	for p := uint32(0); p < e.J.PageCount; p++ {
 		_ = b.Delete(JournalPageKey(e.Scope, key.Priority, key.CreatedAt, key.JobID, p), nil)
 	}
-	if fill != nil {
-		if err := fill(b); err != nil {
-			return err
-		}
+	if req := e.J.Prov.RequestID; req != "" && rc != nil {
+		_ = b.Set(ReceiptKey(e.Scope, req), EncodeReceipt(rc), nil)
+		o := Outbox{RequestID: req, Receipt: *rc}
+		_ = b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)
 	}
 	if err := s.commit(b); err != nil {
 		return err
