@@ -18,7 +18,7 @@ func FuzzDecodeKey(f *testing.F) {
 	for _, k := range [][]byte{
 		NodeKey(sc, id, 1, -1), EdgeKey(sc, id, 2, 3), AdjKey(sc, true, id, id, 4, 5), AdjKey(sc, false, id, id, 4, 5),
 		ValidIdxKey(sc, 1, KindNode, id, 2), TxIdxKey(sc, 1, KindEdge, id, 2), JobKey(sc, CascadeJournalState, 0, 9, id),
-		JournalPageKey(sc, 0, 9, id, 1), ReceiptKey(sc, "r"), TenantKey(sc), clockKey(), formatKey(), {}, {0xff},
+		JournalPageKey(sc, 0, 9, id, 1), ReceiptKey(sc, "r"), TenantKey(sc), formatKey(), {}, {0xff},
 	} {
 		f.Add(k)
 	}

@@ -23,8 +23,9 @@ import (
 //	tx_time_idx     0x06 | T | tx.start | kind | id | valid.start
 //	jobs            0x07 | T | state | priority | created_at | job_id [| page]
 //
-// Meta sub-keyspaces: 0x01 format version, 0x02 clock high-water mark,
-// 0x03 | T tenant registry, 0x04 | T | request_id request receipts.
+// Meta sub-keyspaces: 0x01 format version, 0x03 | T tenant registry,
+// 0x04 | T | request_id request receipts. (0x02 is reserved: the clock's
+// high-water mark is derived from the tx index, see Store.readHWM.)
 //
 // Jobs states: 0xC0 cascade journal head (the commit point), 0xC1 journal
 // pages of edge ids (same priority/created_at/job_id as the head, plus a
@@ -45,7 +46,6 @@ const (
 // Meta sub-keyspaces.
 const (
 	metaFormat  byte = 0x01
-	metaClock   byte = 0x02
 	metaTenant  byte = 0x03
 	metaReceipt byte = 0x04
 )
@@ -211,7 +211,6 @@ func TenantRegistryRange() (lower, upper []byte) {
 	return p, PrefixEnd(p)
 }
 
-func clockKey() []byte  { return []byte{ksMeta, metaClock} }
 func formatKey() []byte { return []byte{ksMeta, metaFormat} }
 
 // TenantRange bounds every key of one tenant in one keyspace (used by
@@ -265,7 +264,7 @@ func DecodeKey(b []byte) (Key, error) {
 	case ksMeta:
 		k.Sub = d.byte()
 		switch k.Sub {
-		case metaFormat, metaClock:
+		case metaFormat:
 		case metaTenant:
 			k.Tenant = d.tenant()
 		case metaReceipt:

@@ -28,7 +28,6 @@ func TestKeyRoundTrip(t *testing.T) {
 		{"page", JournalPageKey(sc, 0, 77, job, 3), Key{Space: ksJobs, Tenant: "acme", State: JournalPageState, CreatedAt: 77, JobID: job, Page: 3, HasPage: true}},
 		{"receipt", ReceiptKey(sc, "req-1"), Key{Space: ksMeta, Sub: metaReceipt, Tenant: "acme", RequestID: "req-1"}},
 		{"tenant", TenantKey(sc), Key{Space: ksMeta, Sub: metaTenant, Tenant: "acme"}},
-		{"clock", clockKey(), Key{Space: ksMeta, Sub: metaClock}},
 		{"format", formatKey(), Key{Space: ksMeta, Sub: metaFormat}},
 	}
 	for _, c := range cases {

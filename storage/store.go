@@ -2,8 +2,7 @@ package storage
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
+		"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -88,14 +87,14 @@ func OpenEngine(eng Engine, opts Options) (*Store, error) {
 	if err := s.checkFormat(); err != nil {
 		return nil, err
 	}
+	if err := s.loadTenants(); err != nil {
+		return nil, err
+	}
 	hwm, err := s.readHWM()
 	if err != nil {
 		return nil, err
 	}
 	s.clock = NewTxClock(opts.Clock, hwm)
-	if err := s.loadTenants(); err != nil {
-		return nil, err
-	}
 	if err := s.loadJournals(); err != nil {
 		return nil, err
 	}
@@ -119,15 +118,47 @@ func (s *Store) checkFormat() error {
 	return s.commit(b)
 }
 
+// readHWM returns the clock's durable high-water mark: the largest tx any
+// durable record carries. Every version is indexed in its tenant's
+// tx_time_index under its tx, and a journal head (whose tx its chunks will
+// use) carries its tx as created_at, so the mark is the largest of the last
+// tx-index key and the last journal head of each tenant: a few seeks, and no
+// rewritten "clock" key (every key outside the jobs keyspace is written
+// once).
 func (s *Store) readHWM() (Ts, error) {
-	v, ok, err := getValue(s.eng, clockKey())
-	if err != nil || !ok {
-		return NoTs, err
+	hwm := NoTs
+	for _, sc := range s.Tenants() {
+		for _, r := range [][2][]byte{
+			func() [2][]byte { lo, hi := TenantRange(ksTxIdx, sc); return [2][]byte{lo, hi} }(),
+			func() [2][]byte { lo, hi := JobsInState(sc, CascadeJournalState); return [2][]byte{lo, hi} }(),
+		} {
+			k, ok, err := lastKey(s.eng, r[0], r[1])
+			if err != nil {
+				return NoTs, err
+			}
+			if !ok {
+				continue
+			}
+			key, err := DecodeKey(k)
+			if err != nil {
+				return NoTs, err
+			}
+			hwm = max(hwm, key.Tx, key.CreatedAt)
+		}
 	}
-	if len(v) != 8 {
-		return NoTs, fmt.Errorf("%w: clock high-water mark %x", ErrDecode, v)
+	return hwm, nil
+}
+
+func lastKey(r pebble.Reader, lo, hi []byte) ([]byte, bool, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
 	}
-	return Ts(binary.BigEndian.Uint64(v)), nil
+	defer it.Close()
+	if !it.Last() {
+		return nil, false, it.Error()
+	}
+	return append([]byte(nil), it.Key()...), true, nil
 }
 
 func (s *Store) loadTenants() error {
@@ -262,9 +293,9 @@ func (s *Store) commit(b *pebble.Batch) error {
 // an error nothing is written. After a successful commit the transaction's
 // after-commit actions run, still serialised with other Updates.
 //
-// Invariant: the batch also records the clock's high-water mark, taken under
-// the same lock that serialises every tx allocation, so the durable mark is
-// never below a durable tx.
+// Invariant: every tx allocated inside an Update lands in the batch's
+// tx-index entries or journal head, which is where a reopened store reads
+// its clock's high-water mark from (readHWM).
 func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -283,9 +314,6 @@ func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
 	if t.b.Empty() {
 		t.runAfterCommit()
 		return nil
-	}
-	if t.usedTx {
-		_ = t.b.Set(clockKey(), binary.BigEndian.AppendUint64(nil, uint64(s.clock.Last())), nil)
 	}
 	for tn := range t.newTenants {
 		_ = t.b.Set(TenantKey(Scope{tenant: tn}), nil, nil)

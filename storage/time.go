@@ -90,10 +90,10 @@ func (SystemClock) Now() time.Time { return time.Now() }
 
 // TxClock hands out strictly increasing transaction times: max(now, last+1).
 //
-// Invariant: every tx the clock has handed out is <= Last(), and the store
-// persists Last() in every batch that carries a new tx (the high-water mark),
-// so a reopened store starts above every durable tx even if the wall clock
-// stepped back in between.
+// Invariant: every tx the clock has handed out is <= Last(), and a reopened
+// store starts the clock at its durable high-water mark (the largest tx any
+// durable record carries), so no tx is ever reused or reordered, even if the
+// wall clock stepped back in between.
 type TxClock struct {
 	mu   sync.Mutex
 	src  Clock

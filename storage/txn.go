@@ -18,7 +18,6 @@ import (
 type Txn struct {
 	s           *Store
 	b           *pebble.Batch
-	usedTx      bool
 	newTenants  map[string]bool
 	rollbacks   []func()
 	afterCommit []func()
@@ -32,7 +31,6 @@ func (t *Txn) Store() *Store { return t.s }
 
 // NextTx allocates the next transaction time.
 func (t *Txn) NextTx() Ts {
-	t.usedTx = true
 	return t.s.clock.Next()
 }
 
