@@ -2,7 +2,7 @@ package storage
 
 import (
 	"context"
-		"errors"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
