@@ -87,7 +87,6 @@ func (o *Ops) tombstoneNode(t *storage.Txn, r *Request) (Outcome, error) {
 		validEnd = tx
 	}
 	prov := r.Prov
-	prov.RequestID = r.RequestID
 
 	// Inline when edges*5 + 3 <= max_batch_ops. Up to that many edges are
 	// kept whole; past it only their ids (the journal's list, the one
@@ -188,7 +187,7 @@ func (o *Ops) run(ctx context.Context, e *storage.JournalEntry, token uint64, sn
 		return err
 	}
 	if err != nil {
-		n := e.RecordFailure(err)
+		n := e.RecordFailure(err, o.store.Clock().Wall().Now())
 		o.log.Error("cascade journal not finished; it stays for the reaper", "tenant", e.Scope.Tenant(), "node", e.J.NodeID,
 			"journal", fmt.Sprintf("%x", e.HeadKey), "attempt", n, "err", err)
 		if o.hooks.JournalFailed != nil {

@@ -214,7 +214,9 @@ func (o *Ops) Apply(ctx context.Context, reqs []Request) ([]Outcome, int, error)
 
 // applyOne decides and writes one request inside t. A returned error is a
 // storage failure that aborts the whole transaction; refusals are outcomes.
-func (o *Ops) applyOne(t *storage.Txn, r *Request) (Outcome, error) {
+func (o *Ops) applyOne(t *storage.Txn, req *Request) (Outcome, error) {
+	r := *req
+	r.Prov.RequestID = r.RequestID // every version records the request that wrote it
 	if r.Scope.IsZero() {
 		return Outcome{Err: fmt.Errorf("%w: no tenant", ErrInvalid)}, nil
 	}
@@ -238,21 +240,21 @@ func (o *Ops) applyOne(t *storage.Txn, r *Request) (Outcome, error) {
 	case storage.OpPutNode:
 		var v storage.Version
 		v, err = t.PutNode(r.Scope, storage.NodeWrite{ID: r.ID, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
-		oc = outcomeOf(r, v.Tx.Start, 0, err)
+		oc = outcomeOf(&r, v.Tx.Start, 0, err)
 	case storage.OpPutEdge:
 		var v storage.Version
 		v, err = t.PutEdge(r.Scope, storage.EdgeWrite{ID: r.ID, Src: r.Src, Dst: r.Dst, Label: r.Label, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
-		oc = outcomeOf(r, v.Tx.Start, 0, err)
+		oc = outcomeOf(&r, v.Tx.Start, 0, err)
 	case storage.OpTombstoneEdge:
 		var tx storage.Ts
-		tx, err = o.tombstoneEdge(t, r)
-		oc = outcomeOf(r, tx, 0, err)
+		tx, err = o.tombstoneEdge(t, &r)
+		oc = outcomeOf(&r, tx, 0, err)
 	case storage.OpTombstoneNode:
-		oc, err = o.tombstoneNode(t, r)
+		oc, err = o.tombstoneNode(t, &r)
 		if err == nil && oc.Journal == nil {
-			oc = outcomeOf(r, oc.Receipt.Tx, oc.Receipt.EdgesTombstoned, nil)
+			oc = outcomeOf(&r, oc.Receipt.Tx, oc.Receipt.EdgesTombstoned, nil)
 		} else if err != nil {
-			oc = outcomeOf(r, 0, 0, err)
+			oc = outcomeOf(&r, 0, 0, err)
 		}
 	default:
 		return Outcome{Err: fmt.Errorf("%w: unknown op %v", ErrInvalid, r.Op)}, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -29,12 +30,56 @@ type Engine interface {
 }
 
 // PebbleEngine is the production Engine.
-type PebbleEngine struct{ *pebble.DB }
+type PebbleEngine struct {
+	*pebble.DB
+	stalls *StallCounter
+}
+
+// StallCounter counts Pebble's write stalls (for metrics).
+type StallCounter struct {
+	mu      sync.Mutex
+	count   uint64
+	total   time.Duration
+	started time.Time
+}
+
+// Stats returns the number of write stalls and their total duration so far.
+func (c *StallCounter) Stats() (uint64, time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	total := c.total
+	if !c.started.IsZero() {
+		total += time.Since(c.started)
+	}
+	return c.count, total
+}
 
 // OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
 // nil (the OS filesystem) or a fault-injecting vfs.FS.
 func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) {
-	opts := &pebble.Options{Logger: pebbleLogger{log}}
+	stalls := &StallCounter{}
+	opts := &pebble.Options{
+		Logger: pebbleLogger{log},
+		EventListener: &pebble.EventListener{
+			WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
+				stalls.mu.Lock()
+				stalls.count++
+				stalls.started = time.Now()
+				stalls.mu.Unlock()
+				if log != nil {
+					log.Warn("pebble write stall", "reason", info.Reason)
+				}
+			},
+			WriteStallEnd: func() {
+				stalls.mu.Lock()
+				if !stalls.started.IsZero() {
+					stalls.total += time.Since(stalls.started)
+					stalls.started = time.Time{}
+				}
+				stalls.mu.Unlock()
+			},
+		},
+	}
 	if fs != nil {
 		opts.FS = fs
 	}
@@ -42,8 +87,11 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: open pebble at %s: %w", ErrStorage, dir, err)
 	}
-	return &PebbleEngine{DB: db}, nil
+	return &PebbleEngine{DB: db, stalls: stalls}, nil
 }
+
+// Stalls returns the engine's write-stall counter.
+func (e *PebbleEngine) Stalls() *StallCounter { return e.stalls }
 
 // Commit applies b synchronously (fsync before returning).
 func (e *PebbleEngine) Commit(b *pebble.Batch) error { return b.Commit(pebble.Sync) }

@@ -39,6 +39,7 @@ type JournalEntry struct {
 	heartbeat time.Time
 	failures  int
 	lastErr   string
+	failedAt  time.Time
 }
 
 var leaseTokens atomic.Uint64
@@ -91,12 +92,20 @@ func (e *JournalEntry) Lease() (owner uint64, heartbeat time.Time) {
 }
 
 // RecordFailure notes a failed apply attempt and returns the failure count.
-func (e *JournalEntry) RecordFailure(err error) int {
+func (e *JournalEntry) RecordFailure(err error, now time.Time) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.failures++
 	e.lastErr = err.Error()
+	e.failedAt = now
 	return e.failures
+}
+
+// LastFailure returns when the last failed attempt happened (zero if none).
+func (e *JournalEntry) LastFailure() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.failedAt
 }
 
 // Failures returns the failed attempts so far and the last error.

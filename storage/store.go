@@ -45,7 +45,16 @@ type Store struct {
 	tenants   map[string]bool
 
 	journals *Journals
+	stalls   *StallCounter
 	closed   atomic.Bool
+}
+
+// WriteStalls returns Pebble's write-stall count and total duration.
+func (s *Store) WriteStalls() (uint64, time.Duration) {
+	if s.stalls == nil {
+		return 0, 0
+	}
+	return s.stalls.Stats()
 }
 
 // OpenStore opens the store in dir (Pebble), creating it if needed, and rebuilds
@@ -68,6 +77,7 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 		_ = pe.Close()
 		return nil, err
 	}
+	s.stalls = pe.Stalls()
 	return s, nil
 }
 
@@ -201,6 +211,49 @@ func (s *Store) LoadJournals(sc Scope) error {
 		return nil
 	})
 }
+
+// JournalHeads pages through a tenant's journal heads in key order (by
+// priority, then created_at): up to limit heads strictly after the key
+// `after` (nil: from the first). Heads not registered yet are registered;
+// undecodable ones are recorded as poison and returned apart. next is the
+// cursor of the following page (the last key read), nil when none is left.
+func (s *Store) JournalHeads(sc Scope, after []byte, limit int) (page []*JournalEntry, poison []*PoisonJournal, next []byte, err error) {
+	lo, hi := JobsInState(sc, CascadeJournalState)
+	if after != nil {
+		lo = append(append([]byte(nil), after...), 0) // the smallest key > after
+	}
+	var last []byte
+	n := 0
+	err = scan(s.eng, lo, hi, func(k, v []byte) error {
+		if n == limit {
+			next = last
+			return errStopScan
+		}
+		n++
+		last = append(last[:0:0], k...)
+		if e := s.journals.ByKey(k); e != nil {
+			page = append(page, e)
+			return nil
+		}
+		e, derr := journalEntry(sc, k, v)
+		if derr != nil {
+			p := &PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: derr.Error(), Seen: s.clock.Wall().Now()}
+			s.journals.addPoison(p)
+			poison = append(poison, p)
+			s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", derr)
+			return nil
+		}
+		s.journals.add(e)
+		page = append(page, e)
+		return nil
+	})
+	if errors.Is(err, errStopScan) {
+		err = nil
+	}
+	return page, poison, next, err
+}
+
+var errStopScan = errors.New("stop scan")
 
 func journalEntry(sc Scope, k, v []byte) (*JournalEntry, error) {
 	key, err := DecodeKey(k)

@@ -1,0 +1,463 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/metrics"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Build is set by main from linker flags.
+var Build = metrics.Build{Version: "dev", Revision: "unknown"}
+
+// Options are test seams; production leaves them zero.
+type Options struct {
+	// Clock replaces the wall clock of the store and reaper.
+	Clock storage.Clock
+	// OnReady is called once the worker is ready (startup resume done,
+	// consuming).
+	OnReady func(*App)
+	// WrapEngine wraps the storage engine (fault injection).
+	WrapEngine func(storage.Engine) storage.Engine
+}
+
+// App is a running worker.
+type App struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *storage.Store
+	ops     *cascade.Ops
+	metrics *metrics.Metrics
+	ns      *server.Server
+	nc      *nats.Conn
+	worker  *queue.Worker
+	reaper  *reaper.Reaper
+
+	httpLn, apiLn net.Listener
+	servers       []*http.Server
+	onStoreOpen   []func()
+	ncClosed      chan struct{}
+	storeOpen     atomic.Bool
+	startupDone   atomic.Bool
+}
+
+// NewLogger builds the process logger from the configuration.
+func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	ho := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// HTTPAddr is the bound address of the HTTP server (useful with :0).
+func (a *App) HTTPAddr() string { return a.httpLn.Addr().String() }
+
+// APIAddr is the bound address of the separate read-API server, if any.
+func (a *App) APIAddr() string {
+	if a.apiLn == nil {
+		return ""
+	}
+	return a.apiLn.Addr().String()
+}
+
+// NATSURL is the URL the worker is connected to.
+func (a *App) NATSURL() string { return a.nc.ConnectedUrl() }
+
+// Store returns the store (tests).
+func (a *App) Store() *storage.Store { return a.store }
+
+// Ops returns the cascade engine (tests).
+func (a *App) Ops() *cascade.Ops { return a.ops }
+
+// Metrics returns the metrics (tests).
+func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+
+// Worker returns the queue worker (tests).
+func (a *App) Worker() *queue.Worker { return a.worker }
+
+// Ready reports readiness: Pebble open, NATS connected, startup resume done.
+func (a *App) Ready() (bool, []string) {
+	var why []string
+	if !a.storeOpen.Load() {
+		why = append(why, "store: not open")
+	}
+	if a.nc == nil || !a.nc.IsConnected() {
+		why = append(why, "nats: not connected")
+	}
+	if !a.startupDone.Load() {
+		why = append(why, "startup: resuming journals")
+	}
+	return len(why) == 0, why
+}
+
+// Run runs the worker until ctx is done, then shuts down in order: stop
+// fetching and finish what is held (ack), stop the reaper, pause journal
+// appliers between chunks (journals stay durable), stop HTTP, close NATS,
+// close Pebble. It returns nil after a clean shutdown.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
+	a := &App{cfg: cfg, log: log}
+	defer func() {
+		if cerr := a.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	a.metrics = metrics.New(Build)
+
+	// HTTP first: /healthz answers while a long startup resume runs.
+	if err := a.listen(); err != nil {
+		return err
+	}
+
+	var worker atomic.Pointer[queue.Worker]
+	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
+		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
+	})
+	if err != nil {
+		return err
+	}
+	a.store = st
+	a.storeOpen.Store(true)
+	for _, fn := range a.onStoreOpen {
+		fn()
+	}
+	a.ops = cascade.New(st, cascade.Options{
+		MaxBatchOps: cfg.MaxBatchOps,
+		LeaseTTL:    cfg.LeaseTTL,
+		Logger:      log,
+		Hooks: a.metrics.CascadeHooks(cascade.Hooks{
+			JournalDone: func(*storage.JournalEntry, storage.Receipt) {
+				if w := worker.Load(); w != nil {
+					w.KickOutbox()
+				}
+			},
+		}),
+	})
+	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(), "max_batch_ops", a.ops.MaxBatchOps())
+
+	if err := a.connect(); err != nil {
+		return err
+	}
+	w, err := queue.New(a.nc, a.ops, queue.Config{
+		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
+		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, StreamReplicas: cfg.StreamReplicas,
+	}, a.metrics.QueueHooks(), log)
+	if err != nil {
+		return err
+	}
+	a.worker = w
+	worker.Store(w)
+	a.metrics.AttachState(st, a.journalView, w.Stats)
+
+	if err := a.provision(ctx); err != nil {
+		return err
+	}
+	rp, err := reaper.New(a.ops, reaper.Config{Schedule: cfg.ReaperSchedule, Clock: opts.Clock, Logger: log, OnRun: a.onReaperRun})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	a.reaper = rp
+
+	// Startup pass: every orphaned journal is resumed before a single
+	// message is consumed, and the results of finished ones published.
+	res := rp.RunOnce(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "took", res.Took)
+	if n, err := w.PublishOutbox(ctx); err != nil {
+		log.Warn("publishing pending results at startup", "err", err)
+	} else if n > 0 {
+		log.Info("published pending results of finished cascades", "results", n)
+	}
+	rp.Start(ctx)
+
+	var bg sync.WaitGroup
+	bgCtx, stopBG := context.WithCancel(context.Background())
+	bg.Add(1)
+	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
+	defer func() { stopBG(); bg.Wait() }()
+
+	a.startupDone.Store(true)
+	log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions), "http", a.HTTPAddr())
+	if opts.OnReady != nil {
+		opts.OnReady(a)
+	}
+	if err := w.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("stopped consuming; shutting down")
+	return nil
+}
+
+func (a *App) journalView() (int, time.Duration, int) {
+	js := api.Journals(a.store, time.Now())
+	n, poison := 0, 0
+	var oldest time.Duration
+	for _, j := range js {
+		if j.State == api.JournalPoison {
+			poison++
+			continue
+		}
+		n++
+		if j.Failures >= 5 {
+			poison++
+		}
+		oldest = max(oldest, time.Duration(j.AgeSeconds*float64(time.Second)))
+	}
+	return n, oldest, poison
+}
+
+func (a *App) onReaperRun(res reaper.RunResult) {
+	switch {
+	case res.Skipped:
+		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperSkipped).Inc()
+	case res.Err != nil:
+		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperError).Inc()
+	default:
+		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperOK).Inc()
+		a.metrics.ReaperLastSuccess.SetToCurrentTime()
+	}
+	a.metrics.ReaperResumed.Add(float64(res.Resumed))
+}
+
+func (a *App) refreshStats(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = a.worker.RefreshStats(c)
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *App) listen() error {
+	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on --http-addr %s: %w", a.cfg.HTTPAddr, err)
+	}
+	a.httpLn = ln
+	a.serve(ln, true, a.cfg.APIAddr == "")
+	if a.cfg.APIAddr != "" && a.cfg.APIAddr != "off" {
+		ln, err := net.Listen("tcp", a.cfg.APIAddr)
+		if err != nil {
+			return fmt.Errorf("listen on --api-addr %s: %w", a.cfg.APIAddr, err)
+		}
+		a.apiLn = ln
+		a.serve(ln, false, true)
+	}
+	return nil
+}
+
+// serve starts an HTTP server. The store opens after the listener (so the
+// probes answer during a long startup); until then only health and metrics
+// answer, and /v1/... gets 503.
+func (a *App) serve(ln net.Listener, health, readAPI bool) {
+	early := api.Handler(nil, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health})
+	var full atomic.Pointer[http.Handler]
+	a.onStoreOpen = append(a.onStoreOpen, func() {
+		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log})
+		full.Store(&h)
+	})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := full.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		if readAPI && strings.HasPrefix(r.URL.Path, "/v1/") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":"starting: the store is not open yet"}`+"\n")
+			return
+		}
+		early.ServeHTTP(w, r)
+	})
+	srv := &http.Server{
+		Handler:           http.MaxBytesHandler(handler, 1<<20),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	a.servers = append(a.servers, srv)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("http server", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+func (a *App) connect() error {
+	opts := []nats.Option{
+		nats.Name("telha-cascade"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { a.log.Warn("nats disconnected", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { a.log.Warn("nats", "err", err) }),
+		nats.ClosedHandler(func(*nats.Conn) { close(a.ncClosed) }),
+	}
+	a.ncClosed = make(chan struct{})
+	url := a.cfg.NATSURL
+	if url == "" {
+		host, port, err := net.SplitHostPort(a.cfg.NATSListen)
+		if err != nil {
+			return fmt.Errorf("%w: --nats-listen %q: %v", ErrUsage, a.cfg.NATSListen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return fmt.Errorf("%w: --nats-listen %q: bad port", ErrUsage, a.cfg.NATSListen)
+		}
+		ns, err := server.NewServer(&server.Options{
+			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
+			StoreDir: filepath.Join(a.cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
+		})
+		if err != nil {
+			return fmt.Errorf("embedded nats: %w", err)
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(30 * time.Second) {
+			ns.Shutdown()
+			return fmt.Errorf("embedded nats did not start on %s (is the port in use?)", a.cfg.NATSListen)
+		}
+		a.ns = ns
+		url = ns.ClientURL()
+		a.log.Info("embedded nats started", "url", url, "store", filepath.Join(a.cfg.DataDir, "nats"))
+	} else {
+		if a.cfg.NATSCreds != "" {
+			opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
+		}
+		if a.cfg.NATSUser != "" {
+			opts = append(opts, nats.UserInfo(a.cfg.NATSUser, a.cfg.NATSPassword))
+		}
+		if a.cfg.NATSTLSCA != "" || a.cfg.NATSTLSCert != "" {
+			tc, err := tlsConfig(a.cfg)
+			if err != nil {
+				return err
+			}
+			opts = append(opts, nats.Secure(tc))
+		}
+	}
+	nc, err := nats.Connect(url, append(opts, nats.RetryOnFailedConnect(true))...)
+	if err != nil {
+		return fmt.Errorf("connect to nats: %w", err)
+	}
+	a.nc = nc
+	return nil
+}
+
+func tlsConfig(c Config) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.NATSTLSCA != "" {
+		pem, err := os.ReadFile(c.NATSTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate", c.NATSTLSCA)
+		}
+		tc.RootCAs = pool
+	}
+	if c.NATSTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.NATSTLSCert, c.NATSTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-tls-cert/--nats-tls-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// provision creates the streams and consumer, retrying while NATS is
+// unreachable (an external cluster may start after the worker).
+func (a *App) provision(ctx context.Context) error {
+	delay := 500 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := a.worker.Provision(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.log.Warn("provisioning streams failed; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+func (a *App) close() error {
+	var errs []error
+	if a.reaper != nil {
+		a.reaper.Stop()
+	}
+	if a.ops != nil {
+		a.ops.Close()
+	}
+	if a.worker != nil && a.nc != nil && a.nc.IsConnected() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = a.worker.PublishOutbox(ctx)
+		cancel()
+	}
+	for _, srv := range a.servers {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(ctx)
+		cancel()
+	}
+	if a.nc != nil {
+		if err := a.nc.Drain(); err == nil {
+			select {
+			case <-a.ncClosed:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		a.nc.Close()
+	}
+	if a.store != nil {
+		if err := a.store.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.ns != nil {
+		a.ns.Shutdown()
+		a.ns.WaitForShutdown()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,13 @@
+// Package metrics owns the worker's Prometheus registry: every metric family
+// SREs' dashboards and alerts rely on (telha_*), initialised with every
+// label set at start so rate() sees zeros rather than gaps, plus the Go,
+// process and Pebble health collectors. It turns the cascade, queue and
+// storage hooks into observations.
+//
+// Gauges that describe state (journals in flight, oldest journal age, queue
+// backlog, Pebble health) are computed at scrape time from in-memory state
+// and cached consumer info; a scrape never blocks on NATS or on disk I/O.
+//
+// What it must not do: use per-tenant or per-id labels (unbounded
+// cardinality), or change what it observes.
+package metrics

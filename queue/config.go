@@ -1,0 +1,108 @@
+package queue
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config is the queue side of the worker. Zero fields take the documented
+// defaults (see Defaults).
+type Config struct {
+	// Prefix of every subject: <prefix>.req.<tenant>, <prefix>.res.<tenant>,
+	// <prefix>.dlq.<tenant>. Default "telha".
+	Prefix string
+	// Stream names. Defaults TELHA_REQ, TELHA_RES, TELHA_DLQ.
+	ReqStream, ResStream, DLQStream string
+	// Partitions is P, the partition count of the request stream, fixed at
+	// install. Default 1.
+	Partitions int
+	// Owner is this replica's share of the partitions. Default 0/1 (all).
+	Owner Owner
+	// DuplicateWindow of the request and result streams (Nats-Msg-Id
+	// dedup). Default 2m.
+	DuplicateWindow time.Duration
+	// ResultsMaxAge bounds how long results are kept. Default 24h.
+	ResultsMaxAge time.Duration
+	// DLQMaxAge bounds how long dead letters are kept. Default 14 days.
+	DLQMaxAge time.Duration
+	// StreamReplicas for streams this worker creates. Default 1.
+	StreamReplicas int
+	// MaxDeliver: transient failures are retried until the message's
+	// MaxDeliver-th delivery, which dead-letters it. Default 5.
+	MaxDeliver int
+	// AckWait of the consumer. Messages being worked on are kept alive with
+	// InProgress well before it. Default 30s.
+	AckWait time.Duration
+	// MaxAckPending of the consumer. Default 4096.
+	MaxAckPending int
+	// Buffer is how many messages the client buffers (PullMaxMessages).
+	// Default 1024.
+	Buffer int
+	// GroupMax bounds a group (one durable batch). Default 512.
+	GroupMax int
+	// GroupWait is how long a group waits for more messages after its
+	// first. Default 0: a group is whatever arrived while the previous one
+	// was committing, so light load pays no added latency.
+	GroupWait time.Duration
+	// RetryBase and RetryMax shape the NakWithDelay backoff of transient
+	// failures: base * 2^(delivery-1), capped. Defaults 500ms and 30s.
+	RetryBase, RetryMax time.Duration
+	// OutboxInterval: how often the result outbox is swept even without a
+	// signal. Default 5s.
+	OutboxInterval time.Duration
+}
+
+// Defaults returns c with every zero field set to its default.
+func (c Config) Defaults() Config {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.Prefix, "telha")
+	def(&c.ReqStream, "TELHA_REQ")
+	def(&c.ResStream, "TELHA_RES")
+	def(&c.DLQStream, "TELHA_DLQ")
+	defD := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defD(&c.DuplicateWindow, 2*time.Minute)
+	defD(&c.ResultsMaxAge, 24*time.Hour)
+	defD(&c.DLQMaxAge, 14*24*time.Hour)
+	defD(&c.AckWait, 30*time.Second)
+	defD(&c.RetryBase, 500*time.Millisecond)
+	defD(&c.RetryMax, 30*time.Second)
+	defD(&c.OutboxInterval, 5*time.Second)
+	defI := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	defI(&c.Partitions, 1)
+	defI(&c.StreamReplicas, 1)
+	defI(&c.MaxDeliver, 5)
+	defI(&c.MaxAckPending, 4096)
+	defI(&c.Buffer, 1024)
+	defI(&c.GroupMax, 512)
+	if c.Owner.Count == 0 {
+		c.Owner = Owner{Index: 0, Count: 1}
+	}
+	return c
+}
+
+// ConsumerName is the durable consumer of replica i.
+func (c Config) ConsumerName() string { return fmt.Sprintf("telha-worker-%d", c.Owner.Index) }
+
+func (c Config) reqSubject(tenant string) string { return c.Prefix + ".req." + tenant }
+func (c Config) resSubject(tenant string) string { return c.Prefix + ".res." + tenant }
+func (c Config) dlqSubject(tenant string) string { return c.Prefix + ".dlq." + tenant }
+
+func (c Config) backoff(delivery uint64) time.Duration {
+	d := c.RetryBase
+	for i := uint64(1); i < delivery && d < c.RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, c.RetryMax)
+}

@@ -1,0 +1,18 @@
+// Package queue is the NATS JetStream side of the worker: it provisions the
+// streams (TELHA_REQ with the partition subject transform, TELHA_RES,
+// TELHA_DLQ) and this replica's durable pull consumer, decodes and validates
+// request messages (the wire contract of DESIGN §4), applies them in groups
+// through cascade.Ops (group commit: one durable batch per group, receipts
+// included), publishes one result per request, dead-letters what can never
+// apply, and publishes the results of journaled cascades from the durable
+// result outbox.
+//
+// Delivery: at-least-once in, exactly-once effect. A message is acked only
+// after its effect (and receipt) is durable and its result has been accepted
+// by the results stream, or, for a journaled cascade, once the journal (the
+// commit point) is durable; the result then comes from the outbox. A message
+// is terminated only after its copy is safe in TELHA_DLQ.
+//
+// What it must not do: decide graph semantics (cascade and storage do),
+// build storage keys, or serve HTTP.
+package queue

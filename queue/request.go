@@ -1,0 +1,326 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Limits on request messages. Anything over them is dead-lettered as
+// invalid (too_large for the whole message) and never applied.
+const (
+	MaxMessageBytes   = 256 << 10 // whole request body
+	MaxPropsBytes     = 64 << 10  // the props object, as sent
+	MaxPropsDepth     = 32        // nesting depth inside props
+	MaxRequestIDRunes = 128
+	MaxLabelBytes     = 256
+	MaxProvFieldBytes = 1024 // actor, reason, source
+)
+
+// Dead-letter reasons (also the reason label of telha_dead_letters_total).
+const (
+	ReasonDecode           = "decode"            // not a single JSON object of the wire shape
+	ReasonInvalid          = "invalid"           // a field is missing, malformed or not allowed
+	ReasonTenantMismatch   = "tenant_mismatch"   // body tenant differs from the subject's
+	ReasonWrongPartition   = "wrong_partition"   // the message's partition is not this replica's
+	ReasonTooLarge         = "too_large"         // the message is over MaxMessageBytes
+	ReasonRetriesExhausted = "retries_exhausted" // transient failures on the final delivery
+)
+
+// DeadLetterReasons lists every reason, for metrics initialisation.
+func DeadLetterReasons() []string {
+	return []string{ReasonDecode, ReasonInvalid, ReasonTenantMismatch, ReasonWrongPartition, ReasonTooLarge, ReasonRetriesExhausted}
+}
+
+// Reject is why a message can never be applied.
+type Reject struct {
+	Reason string
+	Err    string
+	// What could be read of the request, for the invalid result.
+	RequestID string
+	Op        string
+	ID        string
+}
+
+func (r *Reject) Error() string { return r.Reason + ": " + r.Err }
+
+// WireRequest is the request body of DESIGN §4. Pointers tell an absent (or
+// null) field from an empty one.
+type WireRequest struct {
+	RequestID  *string         `json:"request_id"`
+	Op         *string         `json:"op"`
+	Tenant     *string         `json:"tenant"`
+	ID         *string         `json:"id"`
+	Src        *string         `json:"src"`
+	Dst        *string         `json:"dst"`
+	Label      *string         `json:"label"`
+	ValidFrom  *string         `json:"valid_from"`
+	ValidTo    *string         `json:"valid_to"`
+	ValidEnd   *string         `json:"valid_end"`
+	Props      json.RawMessage `json:"props"`
+	Provenance *WireProvenance `json:"provenance"`
+}
+
+// WireProvenance is the request's provenance object.
+type WireProvenance struct {
+	Actor     *string `json:"actor"`
+	Reason    *string `json:"reason"`
+	Source    *string `json:"source"`
+	DecidedAt *string `json:"decided_at"`
+}
+
+// DecodeRequest turns a message body into a cascade.Request for the tenant
+// of the subject. It never panics; anything that cannot apply is a Reject.
+// Unknown fields are rejected (a mistyped "valid_end" must not silently
+// become "now"), and so are fields that do not belong to the op.
+func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject) {
+	rej := func(reason, format string, args ...any) *Reject {
+		return &Reject{Reason: reason, Err: fmt.Sprintf(format, args...)}
+	}
+	if len(data) > MaxMessageBytes {
+		return cascade.Request{}, rej(ReasonTooLarge, "request is %d bytes, over the limit of %d", len(data), MaxMessageBytes)
+	}
+	if !utf8.Valid(data) {
+		return cascade.Request{}, rej(ReasonDecode, "request is not valid UTF-8")
+	}
+	var w WireRequest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		return cascade.Request{}, rej(ReasonDecode, "request is not a JSON object of the expected shape: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return cascade.Request{}, rej(ReasonDecode, "request has data after its JSON object")
+	}
+	if len(bytes.TrimSpace(data)) == 0 || bytes.TrimSpace(data)[0] != '{' {
+		return cascade.Request{}, rej(ReasonDecode, "request is not a JSON object")
+	}
+	req, r := validate(&w, subjectTenant)
+	if r != nil {
+		r.RequestID, r.Op, r.ID = str(w.RequestID), str(w.Op), str(w.ID)
+		if !validRequestID(r.RequestID) {
+			r.RequestID = ""
+		}
+	}
+	return req, r
+}
+
+func str(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func validRequestID(s string) bool {
+	n := utf8.RuneCountInString(s)
+	if n < 1 || n > MaxRequestIDRunes {
+		return false
+	}
+	for _, c := range s {
+		if unicode.IsControl(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseUUID accepts only the canonical 36-character form.
+func ParseUUID(field, s string) (uuid.UUID, error) {
+	if len(s) != 36 {
+		return uuid.Nil, fmt.Errorf("%s %q is not a UUID (want 8-4-4-4-12 hex digits)", field, s)
+	}
+	u, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("%s %q is not a UUID: %v", field, s, err)
+	}
+	return u, nil
+}
+
+func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
+	bad := func(format string, args ...any) (cascade.Request, *Reject) {
+		return cascade.Request{}, &Reject{Reason: ReasonInvalid, Err: fmt.Sprintf(format, args...)}
+	}
+	var r cascade.Request
+	if w.RequestID == nil {
+		return bad("request_id is required")
+	}
+	if !validRequestID(*w.RequestID) {
+		return bad("request_id must be 1 to %d characters without control characters", MaxRequestIDRunes)
+	}
+	r.RequestID = *w.RequestID
+	if w.Op == nil {
+		return bad("op is required")
+	}
+	op, ok := storage.ParseOp(*w.Op)
+	if !ok {
+		return bad("unknown op %q (want put_node, put_edge, tombstone_node or tombstone_edge)", *w.Op)
+	}
+	r.Op = op
+	if w.Tenant == nil {
+		return bad("tenant is required")
+	}
+	if *w.Tenant != subjectTenant {
+		return cascade.Request{}, &Reject{Reason: ReasonTenantMismatch, Err: fmt.Sprintf("tenant %q does not match the subject's tenant %q", *w.Tenant, subjectTenant)}
+	}
+	sc, err := storage.NewScope(*w.Tenant)
+	if err != nil {
+		return bad("tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$", *w.Tenant)
+	}
+	r.Scope = sc
+	if w.ID == nil {
+		return bad("id is required")
+	}
+	if r.ID, err = ParseUUID("id", *w.ID); err != nil {
+		return bad("%v", err)
+	}
+	isPut := op == storage.OpPutNode || op == storage.OpPutEdge
+	notFor := func(field string, present bool) error {
+		if present {
+			return fmt.Errorf("%s is not allowed for op %s", field, op)
+		}
+		return nil
+	}
+	for _, e := range []error{
+		notFor("src", w.Src != nil && op != storage.OpPutEdge),
+		notFor("dst", w.Dst != nil && op != storage.OpPutEdge),
+		notFor("label", w.Label != nil && op != storage.OpPutEdge),
+		notFor("valid_from", w.ValidFrom != nil && !isPut),
+		notFor("valid_to", w.ValidTo != nil && !isPut),
+		notFor("props", len(w.Props) > 0 && !isPut && string(w.Props) != "null"),
+		notFor("valid_end", w.ValidEnd != nil && isPut),
+	} {
+		if e != nil {
+			return bad("%v", e)
+		}
+	}
+	if op == storage.OpPutEdge {
+		if w.Src == nil || w.Dst == nil {
+			return bad("put_edge needs src and dst")
+		}
+		if r.Src, err = ParseUUID("src", *w.Src); err != nil {
+			return bad("%v", err)
+		}
+		if r.Dst, err = ParseUUID("dst", *w.Dst); err != nil {
+			return bad("%v", err)
+		}
+		r.Label = str(w.Label)
+		if len(r.Label) > MaxLabelBytes {
+			return bad("label is %d bytes, over the limit of %d", len(r.Label), MaxLabelBytes)
+		}
+	}
+	parseTime := func(field string, p *string) (storage.Ts, error) {
+		if p == nil {
+			return storage.NoTs, nil
+		}
+		t, err := storage.ParseTs(*p)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %v", field, err)
+		}
+		return t, nil
+	}
+	if r.ValidFrom, err = parseTime("valid_from", w.ValidFrom); err != nil {
+		return bad("%v", err)
+	}
+	if r.ValidTo, err = parseTime("valid_to", w.ValidTo); err != nil {
+		return bad("%v", err)
+	}
+	if r.ValidEnd, err = parseTime("valid_end", w.ValidEnd); err != nil {
+		return bad("%v", err)
+	}
+	if r.ValidFrom != storage.NoTs && r.ValidTo != storage.NoTs && r.ValidFrom >= r.ValidTo {
+		return bad("valid_from must be before valid_to")
+	}
+	if isPut && len(w.Props) > 0 && string(w.Props) != "null" {
+		p, err := checkProps(w.Props)
+		if err != nil {
+			return bad("props: %v", err)
+		}
+		r.Props = p
+	}
+	r.Prov = storage.Provenance{DecidedAt: storage.NoTs}
+	if pv := w.Provenance; pv != nil {
+		for _, f := range []struct {
+			name string
+			v    *string
+			dst  *string
+		}{{"actor", pv.Actor, &r.Prov.Actor}, {"reason", pv.Reason, &r.Prov.Reason}, {"source", pv.Source, &r.Prov.Source}} {
+			if len(str(f.v)) > MaxProvFieldBytes {
+				return bad("provenance.%s is over %d bytes", f.name, MaxProvFieldBytes)
+			}
+			*f.dst = str(f.v)
+		}
+		if r.Prov.DecidedAt, err = parseTime("provenance.decided_at", pv.DecidedAt); err != nil {
+			return bad("%v", err)
+		}
+	}
+	return r, nil
+}
+
+// checkProps requires a JSON object within the size and depth limits and
+// returns it compacted.
+func checkProps(raw json.RawMessage) ([]byte, error) {
+	if len(raw) > MaxPropsBytes {
+		return nil, fmt.Errorf("%d bytes, over the limit of %d", len(raw), MaxPropsBytes)
+	}
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return nil, fmt.Errorf("must be a JSON object")
+	}
+	depth, maxDepth, inStr, esc := 0, 0, false, false
+	for _, c := range t {
+		switch {
+		case esc:
+			esc = false
+		case inStr && c == '\\':
+			esc = true
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '{' || c == '[':
+			depth++
+			maxDepth = max(maxDepth, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	if maxDepth > MaxPropsDepth {
+		return nil, fmt.Errorf("nested %d deep, over the limit of %d", maxDepth, MaxPropsDepth)
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, t); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// subjectTenant extracts the tenant and partition from a request subject:
+// telha.req.<p>.<tenant> after the stream's transform (or telha.req.<tenant>
+// for a stream without one; the partition is then computed).
+func parseSubject(prefix, subject string, partitions int) (tenant string, part int, err error) {
+	rest, ok := strings.CutPrefix(subject, prefix+".req.")
+	if !ok {
+		return "", 0, fmt.Errorf("subject %q is not under %s.req", subject, prefix)
+	}
+	toks := strings.Split(rest, ".")
+	switch len(toks) {
+	case 1:
+		return toks[0], Partition(toks[0], partitions), nil
+	case 2:
+		var p int
+		if _, err := fmt.Sscanf(toks[0], "%d", &p); err != nil || fmt.Sprint(p) != toks[0] {
+			return toks[1], -1, fmt.Errorf("subject %q: partition token %q is not a number", subject, toks[0])
+		}
+		return toks[1], p, nil
+	}
+	return "", 0, fmt.Errorf("subject %q has %d tokens after %s.req", subject, len(toks), prefix)
+}

@@ -1,0 +1,109 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Provision creates or updates the three streams and this replica's durable
+// consumer. It is idempotent: a restarted worker finds them as they are.
+//
+// TELHA_REQ takes <prefix>.req.<tenant> and stores it as
+// <prefix>.req.<p>.<tenant> with the server's {{partition(P,1)}} transform
+// (FNV-1a of the tenant token mod P). Replica i of N consumes the partitions
+// p with p % N == i through its own durable consumer; their filters never
+// overlap, as a work-queue stream requires.
+func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+	c = c.Defaults()
+	req := jetstream.StreamConfig{
+		Name:        c.ReqStream,
+		Description: "telha-cascade delete and write requests",
+		Subjects:    []string{c.Prefix + ".req.*"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source:      c.Prefix + ".req.*",
+			Destination: fmt.Sprintf("%s.req.{{partition(%d,1)}}.{{wildcard(1)}}", c.Prefix, c.Partitions),
+		},
+		Retention:  jetstream.WorkQueuePolicy,
+		Storage:    jetstream.FileStorage,
+		Duplicates: c.DuplicateWindow,
+		MaxMsgSize: 1 << 20,
+		Replicas:   c.StreamReplicas,
+	}
+	res := jetstream.StreamConfig{
+		Name:        c.ResStream,
+		Description: "telha-cascade results, one per request",
+		Subjects:    []string{c.Prefix + ".res.*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      c.ResultsMaxAge,
+		Duplicates:  c.DuplicateWindow,
+		Replicas:    c.StreamReplicas,
+	}
+	dlq := jetstream.StreamConfig{
+		Name:        c.DLQStream,
+		Description: "telha-cascade dead letters: payloads that can never apply",
+		Subjects:    []string{c.Prefix + ".dlq.*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      c.DLQMaxAge,
+		Duplicates:  c.DuplicateWindow,
+		Replicas:    c.StreamReplicas,
+	}
+	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
+		}
+	}
+	var filters []string
+	for _, p := range c.Owner.Partitions(c.Partitions) {
+		filters = append(filters, fmt.Sprintf("%s.req.%d.*", c.Prefix, p))
+	}
+	if len(filters) == 0 {
+		return nil, fmt.Errorf("replica %s owns none of %d partitions", c.Owner, c.Partitions)
+	}
+	cc := jetstream.ConsumerConfig{
+		Durable:        c.ConsumerName(),
+		Description:    fmt.Sprintf("telha-cascade replica %s of %d partitions", c.Owner, c.Partitions),
+		FilterSubjects: filters,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		MaxDeliver:     c.MaxDeliver,
+		MaxAckPending:  c.MaxAckPending,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	if err != nil && strings.Contains(err.Error(), "not unique") {
+		// A replica count change leaves consumers of replicas that no longer
+		// exist holding partitions; remove those (index >= N) and retry.
+		// Consumers of live replicas converge as they restart.
+		if derr := dropStaleConsumers(ctx, js, c); derr != nil {
+			return nil, errors.Join(err, derr)
+		}
+		cons, err = js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", c.ConsumerName(), err)
+	}
+	return cons, nil
+}
+
+func dropStaleConsumers(ctx context.Context, js jetstream.JetStream, c Config) error {
+	s, err := js.Stream(ctx, c.ReqStream)
+	if err != nil {
+		return err
+	}
+	names := s.ConsumerNames(ctx)
+	for name := range names.Name() {
+		var i int
+		if _, err := fmt.Sscanf(name, "telha-worker-%d", &i); err == nil && i >= c.Owner.Count {
+			if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return err
+			}
+		}
+	}
+	return names.Err()
+}

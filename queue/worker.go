@@ -1,0 +1,476 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Hooks let the metrics layer observe the worker. Every field is optional.
+type Hooks struct {
+	// Result fires once per result published (op "unknown" when the request
+	// could not be read).
+	Result func(op, status string)
+	// Acked fires when a request message is acked or terminated, with the
+	// time since the worker received it.
+	Acked func(op string, took time.Duration)
+	// DeadLetter fires once per dead letter.
+	DeadLetter func(reason string)
+}
+
+// ConsumerStats is the consumer's state as of the last refresh.
+type ConsumerStats struct {
+	Pending, AckPending, Redelivered uint64
+	At                               time.Time
+}
+
+// Worker consumes this replica's requests and applies them.
+type Worker struct {
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	ops   *cascade.Ops
+	store *storage.Store
+	hooks Hooks
+	log   *slog.Logger
+
+	cons       jetstream.Consumer
+	outboxKick chan struct{}
+	stats      atomic.Pointer[ConsumerStats]
+}
+
+// New returns a worker over an open NATS connection and cascade engine.
+func New(nc *nats.Conn, ops *cascade.Ops, cfg Config, hooks Hooks, log *slog.Logger) (*Worker, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Worker{cfg: cfg.Defaults(), nc: nc, js: js, ops: ops, store: ops.Store(), hooks: hooks, log: log, outboxKick: make(chan struct{}, 1)}, nil
+}
+
+// Config returns the effective configuration.
+func (w *Worker) Config() Config { return w.cfg }
+
+// JetStream returns the JetStream context.
+func (w *Worker) JetStream() jetstream.JetStream { return w.js }
+
+// Provision creates the streams and this replica's consumer (idempotent).
+func (w *Worker) Provision(ctx context.Context) error {
+	cons, err := Provision(ctx, w.js, w.cfg)
+	if err != nil {
+		return err
+	}
+	w.cons = cons
+	return nil
+}
+
+// Stats returns the last consumer stats (nil before the first refresh).
+func (w *Worker) Stats() *ConsumerStats { return w.stats.Load() }
+
+// RefreshStats reads the consumer's info from the server.
+func (w *Worker) RefreshStats(ctx context.Context) error {
+	if w.cons == nil {
+		return errors.New("not provisioned")
+	}
+	info, err := w.cons.Info(ctx)
+	if err != nil {
+		return err
+	}
+	w.stats.Store(&ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()})
+	return nil
+}
+
+// KickOutbox asks the outbox publisher to run soon (journal finished).
+func (w *Worker) KickOutbox() {
+	select {
+	case w.outboxKick <- struct{}{}:
+	default:
+	}
+}
+
+// item is one message of a group on its way through the pipeline.
+type item struct {
+	msg      jetstream.Msg
+	meta     *jetstream.MsgMetadata
+	received time.Time
+	tenant   string // the subject's tenant ("_" when unreadable)
+	req      cascade.Request
+	rej      *Reject
+	applied  bool
+	outcome  cascade.Outcome
+	failure  error // transient failure of the group's transaction
+}
+
+func (it *item) opLabel() string {
+	if it.rej == nil {
+		return it.req.Op.String()
+	}
+	if _, ok := storage.ParseOp(it.rej.Op); ok {
+		return it.rej.Op
+	}
+	return "unknown"
+}
+
+// Run consumes until ctx is done, then drains: it stops fetching, applies
+// what it already holds, publishes and acks, and returns. The caller then
+// closes the cascade engine (journals in flight stay durable) and the store.
+func (w *Worker) Run(ctx context.Context) error {
+	if w.cons == nil {
+		return errors.New("queue: Run before Provision")
+	}
+	in := make(chan jetstream.Msg, w.cfg.Buffer)
+	var (
+		inMu     sync.RWMutex
+		inClosed bool
+	)
+	cc, err := w.cons.Consume(func(m jetstream.Msg) {
+		inMu.RLock()
+		defer inMu.RUnlock()
+		if inClosed {
+			return // redelivered after AckWait; only possible if the drain timed out
+		}
+		in <- m
+	}, jetstream.PullMaxMessages(w.cfg.Buffer), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		w.log.Warn("consume", "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(10 * time.Second):
+			w.log.Warn("consumer drain timed out; unprocessed buffered messages will be redelivered")
+			cc.Stop()
+		}
+		inMu.Lock()
+		inClosed = true
+		close(in)
+		inMu.Unlock()
+	}()
+
+	var outboxWG sync.WaitGroup
+	outboxCtx, stopOutbox := context.WithCancel(context.Background())
+	outboxWG.Add(1)
+	go func() { defer outboxWG.Done(); w.runOutbox(outboxCtx) }()
+	defer func() { stopOutbox(); outboxWG.Wait() }()
+
+	groups := make(chan []*item, 2)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for g := range groups {
+			w.finish(g)
+		}
+	}()
+	for {
+		first, ok := <-in
+		if !ok {
+			break
+		}
+		batch := []jetstream.Msg{first}
+		closed := false
+		var wait <-chan time.Time
+		if w.cfg.GroupWait > 0 {
+			wait = time.After(w.cfg.GroupWait)
+		}
+	fill:
+		for len(batch) < w.cfg.GroupMax {
+			if wait == nil {
+				select {
+				case m, ok := <-in:
+					if !ok {
+						closed = true
+						break fill
+					}
+					batch = append(batch, m)
+				default:
+					break fill
+				}
+				continue
+			}
+			select {
+			case m, ok := <-in:
+				if !ok {
+					closed = true
+					break fill
+				}
+				batch = append(batch, m)
+			case <-wait:
+				break fill
+			}
+		}
+		groups <- w.apply(batch)
+		if closed {
+			break
+		}
+	}
+	close(groups)
+	<-finished
+	return nil
+}
+
+// apply decodes a group and applies the valid requests in one transaction
+// (or a few, when they outgrow max_batch_ops), keeping the messages alive
+// with InProgress while it works.
+func (w *Worker) apply(msgs []jetstream.Msg) []*item {
+	now := time.Now()
+	items := make([]*item, len(msgs))
+	var (
+		reqs []cascade.Request
+		idx  []int
+	)
+	for i, m := range msgs {
+		it := &item{msg: m, received: now}
+		items[i] = it
+		it.meta, _ = m.Metadata()
+		tenant, part, err := parseSubject(w.cfg.Prefix, m.Subject(), w.cfg.Partitions)
+		it.tenant = tenant
+		if !storage.ValidTenant(tenant) {
+			it.tenant = "_"
+		}
+		switch {
+		case err != nil:
+			it.rej = &Reject{Reason: ReasonWrongPartition, Err: err.Error()}
+		case part != Partition(tenant, w.cfg.Partitions) || !w.cfg.Owner.Owns(part):
+			it.rej = &Reject{Reason: ReasonWrongPartition, Err: fmt.Sprintf("partition %d of tenant %q is not owned by replica %s of %d partitions", part, tenant, w.cfg.Owner, w.cfg.Partitions)}
+		}
+		if it.rej == nil {
+			it.req, it.rej = DecodeRequest(m.Data(), tenant)
+		}
+		if it.rej != nil {
+			continue
+		}
+		reqs = append(reqs, it.req)
+		idx = append(idx, i)
+	}
+	if len(reqs) == 0 {
+		return items
+	}
+	stop := w.keepAlive(msgs)
+	outs, _, err := w.ops.Apply(context.Background(), reqs)
+	stop()
+	for k, i := range idx {
+		if outs[k].Final || outs[k].Err != nil || outs[k].Journal != nil {
+			items[i].applied, items[i].outcome = true, outs[k]
+		} else {
+			items[i].failure = err
+		}
+	}
+	if err != nil {
+		w.log.Warn("group failed; its requests will be retried", "requests", len(reqs), "err", err)
+	}
+	return items
+}
+
+// keepAlive sends InProgress for msgs every AckWait/3 until stopped, so a
+// long group (a super-node's collection) never lets AckWait expire.
+func (w *Worker) keepAlive(msgs []jetstream.Msg) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(w.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, m := range msgs {
+					_ = m.InProgress()
+				}
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// finish publishes dead letters and results, then acks, terminates or naks
+// each message of a group.
+func (w *Worker) finish(items []*item) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type pending struct {
+		it  *item
+		fut jetstream.PubAckFuture
+		res Result
+	}
+	var pubs []pending
+	for _, it := range items {
+		switch {
+		case it.rej != nil:
+			w.deadLetter(ctx, it, it.rej.Reason, it.rej.Err, Result{
+				RequestID: it.rej.RequestID, Op: it.rej.Op, Tenant: it.tenant, ID: it.rej.ID,
+				Status: StatusInvalid, Error: it.rej.Reason + ": " + it.rej.Err,
+			})
+		case !it.applied:
+			delivered := uint64(1)
+			if it.meta != nil {
+				delivered = it.meta.NumDelivered
+			}
+			if delivered >= uint64(w.cfg.MaxDeliver) {
+				reason := fmt.Sprintf("transient failure on delivery %d of %d: %v", delivered, w.cfg.MaxDeliver, it.failure)
+				w.deadLetter(ctx, it, ReasonRetriesExhausted, reason, Result{
+					RequestID: it.req.RequestID, Op: it.req.Op.String(), Tenant: it.tenant, ID: it.req.ID.String(),
+					Status: StatusFailed, Error: reason,
+				})
+				continue
+			}
+			_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
+		case it.outcome.Journal != nil:
+			// The journal (the commit point) is durable: the cascade will
+			// complete, and its result is published from the outbox when the
+			// node tombstone lands.
+			w.ack(it)
+		default:
+			res := resultOfOutcome(&it.req, it.outcome)
+			fut, err := w.publishResult(res)
+			if err != nil {
+				w.log.Warn("publish result", "request_id", res.RequestID, "err", err)
+				_ = it.msg.NakWithDelay(time.Second)
+				continue
+			}
+			pubs = append(pubs, pending{it, fut, res})
+		}
+	}
+	for _, p := range pubs {
+		select {
+		case <-p.fut.Ok():
+			if w.hooks.Result != nil {
+				w.hooks.Result(p.res.Op, p.res.Status)
+			}
+			w.ack(p.it)
+		case err := <-p.fut.Err():
+			w.log.Warn("result not accepted by the results stream; the request will be redelivered", "request_id", p.res.RequestID, "err", err)
+			_ = p.it.msg.NakWithDelay(time.Second)
+		case <-ctx.Done():
+			_ = p.it.msg.NakWithDelay(time.Second)
+		}
+	}
+}
+
+func (w *Worker) ack(it *item) {
+	if err := it.msg.Ack(); err != nil {
+		w.log.Warn("ack", "err", err)
+	}
+	if w.hooks.Acked != nil {
+		w.hooks.Acked(it.opLabel(), time.Since(it.received))
+	}
+}
+
+func (w *Worker) resultMsg(res Result) *nats.Msg {
+	body, _ := json.Marshal(res)
+	m := nats.NewMsg(w.cfg.resSubject(res.Tenant))
+	m.Data = body
+	if res.RequestID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, "res-"+res.RequestID)
+	}
+	return m
+}
+
+func (w *Worker) publishResult(res Result) (jetstream.PubAckFuture, error) {
+	return w.js.PublishMsgAsync(w.resultMsg(res))
+}
+
+// deadLetter copies the payload to TELHA_DLQ (waiting for the server's
+// ack), publishes the invalid/failed result, and only then terminates the
+// message: a work-queue stream deletes a terminated message, so the copy
+// must be safe first.
+func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, res Result) {
+	m := nats.NewMsg(w.cfg.dlqSubject(it.tenant))
+	m.Data = it.msg.Data()
+	delivered := uint64(1)
+	if it.meta != nil {
+		delivered = it.meta.NumDelivered
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq-%s-%d", it.meta.Stream, it.meta.Sequence.Stream))
+	}
+	m.Header.Set("Telha-Error", why)
+	m.Header.Set("Telha-Reason", reason)
+	m.Header.Set("Telha-Original-Subject", w.cfg.reqSubject(it.tenant))
+	m.Header.Set("Telha-Stream-Subject", it.msg.Subject())
+	m.Header.Set("Telha-Deliveries", strconv.FormatUint(delivered, 10))
+	if _, err := w.js.PublishMsg(ctx, m); err != nil {
+		w.log.Error("dead letter not stored; the message is kept for redelivery", "reason", reason, "err", err)
+		_ = it.msg.NakWithDelay(time.Second)
+		return
+	}
+	if w.hooks.DeadLetter != nil {
+		w.hooks.DeadLetter(reason)
+	}
+	w.log.Warn("dead-lettered", "reason", reason, "error", why, "subject", it.msg.Subject(), "request_id", res.RequestID, "deliveries", delivered)
+	if _, err := w.js.PublishMsg(ctx, w.resultMsg(res)); err != nil {
+		w.log.Warn("publish invalid result", "err", err)
+	} else if w.hooks.Result != nil {
+		w.hooks.Result(res.Op, res.Status)
+	}
+	if err := it.msg.TermWithReason(reason); err != nil {
+		w.log.Warn("term", "err", err)
+	}
+	if w.hooks.Acked != nil {
+		w.hooks.Acked(it.opLabel(), time.Since(it.received))
+	}
+}
+
+func (w *Worker) runOutbox(ctx context.Context) {
+	t := time.NewTicker(w.cfg.OutboxInterval)
+	defer t.Stop()
+	for {
+		if _, err := w.PublishOutbox(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("result outbox", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.outboxKick:
+		case <-t.C:
+		}
+	}
+}
+
+// PublishOutbox publishes the results of finished journaled cascades and
+// deletes each outbox row once the results stream has it. A crash in
+// between republishes with the same Nats-Msg-Id (deduplicated).
+func (w *Worker) PublishOutbox(ctx context.Context) (int, error) {
+	n := 0
+	for _, sc := range w.store.Tenants() {
+		rows, keys, err := w.store.PendingOutbox(sc)
+		if err != nil {
+			return n, err
+		}
+		for i, o := range rows {
+			res := ResultOfReceipt(o.Tenant, o.RequestID, o.Receipt, nil)
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := w.js.PublishMsg(pctx, w.resultMsg(res))
+			cancel()
+			if err != nil {
+				return n, fmt.Errorf("publish result of %q: %w", o.RequestID, err)
+			}
+			if err := w.store.AckOutbox(keys[i]); err != nil {
+				return n, err
+			}
+			if w.hooks.Result != nil {
+				w.hooks.Result(res.Op, res.Status)
+			}
+			n++
+		}
+	}
+	return n, nil
+}
