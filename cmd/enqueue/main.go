@@ -27,10 +27,10 @@ import (
 
 type globals struct {
 	natsURL, creds, user, password, tlsCA, tlsCert, tlsKey string
-	prefix                                               string
-	wait                                                 bool
-	timeout                                              time.Duration
-	maxInflight                                          int
+	prefix                                                 string
+	wait                                                   bool
+	timeout                                                time.Duration
+	maxInflight                                            int
 }
 
 const usage = `usage: enqueue [global flags] <command> [flags]
