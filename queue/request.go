@@ -114,6 +114,31 @@ func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject)
 	return req, r
 }
 
+// peekRequest reads what it can of a request that will not be applied, for
+// its invalid result (best effort; never fails).
+func peekRequest(data []byte) (requestID, op, id string) {
+	if len(data) > MaxMessageBytes {
+		return "", "", ""
+	}
+	var head struct {
+		RequestID any `json:"request_id"`
+		Op        any `json:"op"`
+		ID        any `json:"id"`
+	}
+	_ = json.Unmarshal(data, &head)
+	s := func(v any) string {
+		if x, ok := v.(string); ok {
+			return x
+		}
+		return ""
+	}
+	requestID = s(head.RequestID)
+	if !validRequestID(requestID) {
+		requestID = ""
+	}
+	return requestID, s(head.Op), s(head.ID)
+}
+
 func str(p *string) string {
 	if p == nil {
 		return ""

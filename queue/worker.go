@@ -253,6 +253,8 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		}
 		if it.rej == nil {
 			it.req, it.rej = DecodeRequest(m.Data(), tenant)
+		} else {
+			it.rej.RequestID, it.rej.Op, it.rej.ID = peekRequest(m.Data())
 		}
 		if it.rej != nil {
 			continue

@@ -23,10 +23,10 @@ import (
 //
 // Ownership is a lease held in memory: one process owns the store, so a
 // lease needs no durable record. An applier takes the lease, heartbeats it on
-// every chunk, and commits each chunk through WithLease, which holds the
-// entry's mutex across the commit: two appliers can never commit chunks of
-// the same journal at once, and a stale holder whose lease was taken over
-// finds out before its next commit.
+// every chunk, and commits each chunk through WithLease, which serialises
+// the journal's commits: two appliers can never commit chunks of the same
+// journal at once, and a stale holder whose lease was taken over finds out
+// before its next commit.
 type JournalEntry struct {
 	Scope   Scope
 	HeadKey []byte
@@ -34,7 +34,8 @@ type JournalEntry struct {
 
 	edgesDone atomic.Int64
 
-	mu        sync.Mutex
+	applyMu   sync.Mutex // serialises chunk commits of this journal
+	mu        sync.Mutex // guards the fields below; never held across I/O
 	owner     uint64
 	heartbeat time.Time
 	failures  int
@@ -71,16 +72,26 @@ func (e *JournalEntry) Release(token uint64) {
 // ErrLeaseLost: the applier's lease was taken over; it must stop.
 var ErrLeaseLost = fmt.Errorf("%w: journal lease lost", ErrStorage)
 
-// WithLease runs fn (a chunk commit) while holding the entry's mutex, if
-// token still holds the lease, and then heartbeats it.
+// WithLease runs fn (a chunk commit) if token still holds the lease, then
+// heartbeats it. Commits of one journal are serialised (applyMu), so even a
+// stale holder racing the reaper's takeover never commits at the same time
+// as the new holder, and finds out it lost the lease before its next chunk.
+// Readers of the lease (/v1/journals, the reaper) never wait for the I/O.
 func (e *JournalEntry) WithLease(token uint64, now func() time.Time, fn func() error) error {
+	e.applyMu.Lock()
+	defer e.applyMu.Unlock()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.owner != token {
+	held := e.owner == token
+	e.mu.Unlock()
+	if !held {
 		return ErrLeaseLost
 	}
 	err := fn()
-	e.heartbeat = now()
+	e.mu.Lock()
+	if e.owner == token {
+		e.heartbeat = now()
+	}
+	e.mu.Unlock()
 	return err
 }
 

@@ -103,9 +103,6 @@ StatefulSet so that every render runs them.
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if $pdb.enabled }}
-{{- if and (not (kindIs "invalid" $pdb.maxUnavailable)) (not (kindIs "invalid" $pdb.minAvailable)) }}
-{{- fail "podDisruptionBudget: set only one of maxUnavailable and minAvailable (set the other to null)" }}
-{{- end }}
 {{- if and (kindIs "invalid" $pdb.maxUnavailable) (kindIs "invalid" $pdb.minAvailable) }}
 {{- fail "podDisruptionBudget: set one of maxUnavailable and minAvailable" }}
 {{- end }}

@@ -1,0 +1,17 @@
+// Package chartcheck validates the telha-cascade Helm chart offline.
+//
+// It is a separate Go module (github.com/telha/telha-cascade/helm) so that
+// the chart's validation dependencies (Helm, the Kubernetes API types, the
+// prometheus-operator types and the PromQL parser) never enter the
+// worker's own go.mod. It has no non-test code besides this file; the
+// checks live in chart_test.go and run from helm/ci.sh:
+//
+//   - every rendered object is strictly decoded into the Kubernetes API and
+//     prometheus-operator monitoring/v1 types (unknown or wrong-case fields
+//     fail);
+//   - selectors carry no version labels; the security defaults hold;
+//   - the StatefulSet passes --partition-owner auto/<replicas>;
+//   - every alert expression and dashboard query parses as PromQL and uses
+//     only metric names the worker exports;
+//   - values.schema.json rejects unknown keys.
+package chartcheck
