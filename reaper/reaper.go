@@ -210,11 +210,13 @@ func (r *Reaper) pass(ctx context.Context) RunResult {
 // step resumes one journal if it is an orphan whose backoff has elapsed.
 // A panic while resuming is caught and counted like any failure.
 func (r *Reaper) step(ctx context.Context, e *storage.JournalEntry, res *RunResult, errs *[]error) {
-	fails, _ := e.Failures()
-	if fails > 0 {
-		if fails >= r.cfg.PoisonAfter {
+	defer func() {
+		if fails, _ := e.Failures(); fails >= r.cfg.PoisonAfter {
 			res.Poison++
 		}
+	}()
+	fails, _ := e.Failures()
+	if fails > 0 {
 		backoff := r.cfg.RetryBackoff << min(fails-1, 20)
 		if backoff > 10*time.Minute || backoff <= 0 {
 			backoff = 10 * time.Minute
