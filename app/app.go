@@ -40,6 +40,10 @@ type Options struct {
 	OnReady func(*App)
 	// WrapEngine wraps the storage engine (fault injection).
 	WrapEngine func(storage.Engine) storage.Engine
+	// DiskFree replaces the statfs of the disk-space guard.
+	DiskFree func() (uint64, error)
+	// OnFatal replaces the exit on a fatal storage error.
+	OnFatal func(string)
 }
 
 // App is a running worker.
@@ -111,6 +115,11 @@ func (a *App) Ready() (bool, []string) {
 	if !a.startupDone.Load() {
 		why = append(why, "startup: resuming journals")
 	}
+	if a.storeOpen.Load() {
+		if free, err := a.store.DiskFree(); err == nil && a.cfg.MinFreeDiskMB > 0 && free < uint64(a.cfg.MinFreeDiskMB)<<20 {
+			why = append(why, fmt.Sprintf("storage: disk full (%d bytes free, reserve %d MiB)", free, a.cfg.MinFreeDiskMB))
+		}
+	}
 	return len(why) == 0, why
 }
 
@@ -135,6 +144,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	var worker atomic.Pointer[queue.Worker]
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
+		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree, OnFatal: opts.OnFatal,
 	})
 	if err != nil {
 		return err

@@ -42,6 +42,7 @@ type Config struct {
 	StreamReplicas int
 	LeaseTTL       time.Duration
 	ShutdownGrace  time.Duration
+	MinFreeDiskMB  int
 	Hostname       string
 }
 
@@ -80,6 +81,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "journal lease TTL: a journal without a heartbeat this long is an orphan")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for in-flight work")
+	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -162,6 +164,9 @@ func (c *Config) validate() []error {
 	}
 	if c.NATSURL == "" && (c.NATSCreds != "" || c.NATSUser != "" || c.NATSTLSCA != "" || c.NATSTLSCert != "") {
 		bad("NATS credentials and TLS options need --nats-url (the embedded server uses none)")
+	}
+	if c.MinFreeDiskMB < 0 {
+		bad("--min-free-disk-mb must not be negative")
 	}
 	if c.HTTPAddr == "" {
 		bad("--http-addr must not be empty")

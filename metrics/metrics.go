@@ -39,6 +39,7 @@ type Metrics struct {
 	ReaperLastSuccess prometheus.Gauge
 	DeadLetters       *prometheus.CounterVec
 	CommitDuration    prometheus.Histogram
+	CommitFailures    prometheus.Counter
 	BuildInfo         *prometheus.GaugeVec
 }
 
@@ -79,12 +80,15 @@ func New(b Build) *Metrics {
 			Name: "telha_storage_commit_duration_seconds", Help: "Durable (fsynced) Pebble batch commits.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
+		CommitFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_storage_commit_failures_total", Help: "Durable commits that failed (I/O errors, the disk-space reserve, injected faults).",
+		}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
-		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.BuildInfo,
+		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ops := append(opNames(), "unknown")
 	for _, op := range ops {
@@ -127,9 +131,11 @@ func (m *Metrics) Handler() http.Handler {
 
 // OnCommit observes durable commits (storage.Options.OnCommit).
 func (m *Metrics) OnCommit(d time.Duration, _ int, err error) {
-	if err == nil {
-		m.CommitDuration.Observe(d.Seconds())
+	if err != nil {
+		m.CommitFailures.Inc()
+		return
 	}
+	m.CommitDuration.Observe(d.Seconds())
 }
 
 // CascadeHooks returns hooks that record cascades; next, when set, is
@@ -187,6 +193,14 @@ func (m *Metrics) AttachState(store *storage.Store, journals JournalView, stats 
 			func() float64 { return statOf(stats, func(s *queue.ConsumerStats) uint64 { return s.AckPending }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_redelivered_messages", Help: "Requests redelivered and not yet acked (cached consumer info)."},
 			func() float64 { return statOf(stats, func(s *queue.ConsumerStats) uint64 { return s.Redelivered }) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_storage_disk_free_bytes", Help: "Free bytes on the store's filesystem (-1 when the disk-space guard is off)."},
+			func() float64 {
+				free, err := store.DiskFree()
+				if err != nil {
+					return -1
+				}
+				return float64(free)
+			}),
 		&pebbleCollector{store: store},
 	)
 }

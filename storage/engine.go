@@ -56,10 +56,10 @@ func (c *StallCounter) Stats() (uint64, time.Duration) {
 
 // OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
 // nil (the OS filesystem) or a fault-injecting vfs.FS.
-func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) {
+func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), adjust func(*pebble.Options)) (*PebbleEngine, error) {
 	stalls := &StallCounter{}
 	opts := &pebble.Options{
-		Logger: pebbleLogger{log},
+		Logger: pebbleLogger{log: log, fatal: onFatal},
 		EventListener: &pebble.EventListener{
 			WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
 				stalls.mu.Lock()
@@ -68,6 +68,11 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) 
 				stalls.mu.Unlock()
 				if log != nil {
 					log.Warn("pebble write stall", "reason", info.Reason)
+				}
+			},
+			BackgroundError: func(err error) {
+				if log != nil {
+					log.Warn("pebble background error (retried)", "err", err)
 				}
 			},
 			WriteStallEnd: func() {
@@ -82,6 +87,9 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger) (*PebbleEngine, error) 
 	}
 	if fs != nil {
 		opts.FS = fs
+	}
+	if adjust != nil {
+		adjust(opts)
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
@@ -99,7 +107,10 @@ func (e *PebbleEngine) Commit(b *pebble.Batch) error { return b.Commit(pebble.Sy
 // DiskUsage reports Pebble's own disk usage.
 func (e *PebbleEngine) DiskUsage() uint64 { return e.DB.Metrics().DiskSpaceUsage() }
 
-type pebbleLogger struct{ log *slog.Logger }
+type pebbleLogger struct {
+	log   *slog.Logger
+	fatal func(string)
+}
 
 func (l pebbleLogger) Infof(format string, args ...any) {
 	if l.log != nil {
@@ -113,11 +124,14 @@ func (l pebbleLogger) Errorf(format string, args ...any) {
 	}
 }
 
+// Fatalf is Pebble's "cannot continue" (for example a failed WAL write:
+// its commit pipeline is unusable afterwards). It must not return.
 func (l pebbleLogger) Fatalf(format string, args ...any) {
-	if l.log != nil {
-		l.log.Error(fmt.Sprintf(format, args...), "component", "pebble", "fatal", true)
+	msg := fmt.Sprintf(format, args...)
+	if l.fatal != nil {
+		l.fatal(msg)
 	}
-	panic(fmt.Sprintf(format, args...))
+	panic(msg)
 }
 
 // ErrInjected marks a failure injected by FaultEngine. It is wrapped in

@@ -2,6 +2,8 @@ package storage
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -9,6 +11,8 @@ import (
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func openTest(t testing.TB, dir string, clock Clock) *Store {
 	t.Helper()
@@ -18,7 +22,7 @@ func openTest(t testing.TB, dir string, clock Clock) *Store {
 	if clock == nil {
 		clock = NewManualClock(t0)
 	}
-	s, err := OpenStore(dir, Options{Clock: clock})
+	s, err := OpenStore(dir, Options{Clock: clock, Logger: quietLog})
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,33 @@ type Options struct {
 	// OnCommit, when set, observes every durable call: its duration, the
 	// number of ops in the batch and its error.
 	OnCommit func(d time.Duration, ops int, err error)
+	// MinFreeBytes is the disk-space reserve: while the filesystem of the
+	// store has less free space, every durable write is refused with
+	// ErrDiskFull (a transient ErrStorage) before it reaches Pebble, so a
+	// full disk gives a clear error instead of a fatal WAL write failure.
+	// 0 disables the guard.
+	MinFreeBytes uint64
+	// DiskFree reports the free bytes of the store's filesystem. Default:
+	// statfs of the store directory. Tests inject their own.
+	DiskFree func() (uint64, error)
+	// Pebble, when set, adjusts Pebble's options before open (tests use it
+	// for small memtables).
+	Pebble func(*pebble.Options)
+	// OnFatal is called when Pebble reports an error it cannot continue
+	// after (a failed WAL or MANIFEST write leaves its commit pipeline
+	// unusable). It must not return. Default: log and exit with status 3,
+	// for the supervisor to restart the process; everything synced before
+	// is intact, nothing after it is partially applied.
+	OnFatal func(msg string)
 }
+
+// ErrDiskFull: the disk-space reserve is exhausted; writes are refused
+// until space is freed. It wraps ErrStorage (retryable).
+var ErrDiskFull = fmt.Errorf("%w: disk full", ErrStorage)
+
+// ExitFatalStorage is the exit status of a process stopped by a fatal
+// storage error.
+const ExitFatalStorage = 3
 
 // Store is the tritemporal version store. It is safe for concurrent use:
 // reads run concurrently against committed state; writes that allocate a
@@ -47,6 +74,16 @@ type Store struct {
 	journals *Journals
 	stalls   *StallCounter
 	closed   atomic.Bool
+
+	minFree  uint64
+	diskFree func() (uint64, error)
+	diskMu   sync.Mutex
+	diskAt   time.Time
+	diskLast uint64
+	diskErr  error
+
+	failures    atomic.Int64 // consecutive failed durable commits
+	lastFailure atomic.Pointer[string]
 }
 
 // WriteStalls returns Pebble's write-stall count and total duration.
@@ -64,7 +101,14 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	pe, err := OpenPebble(dir, opts.FS, log)
+	onFatal := opts.OnFatal
+	if onFatal == nil {
+		onFatal = func(msg string) {
+			log.Error("fatal storage error: exiting for the supervisor to restart the worker; synced data is intact", "err", msg)
+			os.Exit(ExitFatalStorage)
+		}
+	}
+	pe, err := OpenPebble(dir, opts.FS, log, onFatal, opts.Pebble)
 	if err != nil {
 		return nil, err
 	}
@@ -78,6 +122,9 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.stalls = pe.Stalls()
+	if s.diskFree == nil && s.minFree > 0 {
+		s.diskFree = func() (uint64, error) { return statfsFree(dir) }
+	}
 	return s, nil
 }
 
@@ -93,6 +140,8 @@ func OpenEngine(eng Engine, opts Options) (*Store, error) {
 		onCommit: opts.OnCommit,
 		tenants:  map[string]bool{},
 		journals: newJournals(),
+		minFree:  opts.MinFreeBytes,
+		diskFree: opts.DiskFree,
 	}
 	if err := s.checkFormat(); err != nil {
 		return nil, err
@@ -330,14 +379,64 @@ func (s *Store) commit(b *pebble.Batch) error {
 		return fmt.Errorf("%w: store closed", ErrStorage)
 	}
 	start := time.Now()
-	err := s.eng.Commit(b)
+	err := s.checkDisk()
+	if err == nil {
+		err = s.eng.Commit(b)
+		if err != nil {
+			err = fmt.Errorf("%w: durable commit of %d ops: %w", ErrStorage, b.Count(), err)
+		}
+	}
 	if s.onCommit != nil {
 		s.onCommit(time.Since(start), int(b.Count()), err)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: durable commit of %d ops: %w", ErrStorage, b.Count(), err)
+		s.failures.Add(1)
+		msg := err.Error()
+		s.lastFailure.Store(&msg)
+		return err
+	}
+	s.failures.Store(0)
+	return nil
+}
+
+// checkDisk refuses writes while free space is under the reserve. The free
+// space is read at most once a second.
+func (s *Store) checkDisk() error {
+	if s.minFree == 0 || s.diskFree == nil {
+		return nil
+	}
+	free, err := s.DiskFree()
+	if err != nil {
+		return nil // cannot tell; let Pebble try
+	}
+	if free < s.minFree {
+		return fmt.Errorf("%w: %d bytes free, under the reserve of %d (--min-free-disk-mb)", ErrDiskFull, free, s.minFree)
 	}
 	return nil
+}
+
+// DiskFree returns the free bytes of the store's filesystem (cached for a
+// second), or an error when the guard is off or statfs fails.
+func (s *Store) DiskFree() (uint64, error) {
+	if s.diskFree == nil {
+		return 0, errors.New("disk-space guard off")
+	}
+	s.diskMu.Lock()
+	defer s.diskMu.Unlock()
+	if time.Since(s.diskAt) >= time.Second {
+		s.diskLast, s.diskErr = s.diskFree()
+		s.diskAt = time.Now()
+	}
+	return s.diskLast, s.diskErr
+}
+
+// Health reports how many durable commits failed in a row (0 after any
+// success) and the last failure.
+func (s *Store) Health() (consecutiveFailures int64, last string) {
+	if p := s.lastFailure.Load(); p != nil {
+		last = *p
+	}
+	return s.failures.Load(), last
 }
 
 // Update runs fn in a serialised read-write transaction and commits its
