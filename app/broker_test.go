@@ -1,0 +1,165 @@
+package app
+
+import (
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+)
+
+// proxy is a TCP proxy the test can cut: while cut, it drops every
+// connection and refuses new ones (NATS unreachable for a while).
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.setCut(true) })
+	return p
+}
+
+func (p *proxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
+		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+	}
+}
+
+func (p *proxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for c := range p.conns {
+			c.Close()
+		}
+		p.conns = map[net.Conn]bool{}
+	}
+}
+
+func readyReasons(w *running) (int, string) {
+	var body struct{ Reasons []string }
+	code := w.get("/readyz", &body)
+	return code, strings.Join(body.Reasons, "; ")
+}
+
+// checkExactlyOnce asserts that every request has exactly one stored
+// result, ok, and that each put_node wrote exactly one version.
+func checkExactlyOnce(t *testing.T, w *running, b *bus, tenant string, reqs map[string]string) {
+	t.Helper()
+	for req := range reqs {
+		b.wait(req)
+	}
+	stored := readStream[queue.Result](t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.Tenant == tenant })
+	count := map[string]int{}
+	for _, r := range stored {
+		count[r.RequestID]++
+		if r.Status != queue.StatusOK {
+			t.Fatalf("result %+v", r)
+		}
+	}
+	for req, n := range reqs {
+		if count[req] != 1 {
+			t.Fatalf("request %s has %d stored results, want 1", req, count[req])
+		}
+		var h struct{ Versions []struct{ ID string } }
+		w.get("/v1/tenants/"+tenant+"/nodes/"+n+"/history", &h)
+		if len(h.Versions) != 1 {
+			t.Fatalf("node of request %s has %d versions, want 1 (lost or doubled)", req, len(h.Versions))
+		}
+	}
+}
+
+func publishBurst(t *testing.T, b *bus, tenant string, n int, into map[string]string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		node := uuid.NewString()
+		req := b.send(tenant, map[string]any{"op": "put_node", "id": node})
+		into[req] = node
+	}
+}
+
+// TestBrokerRestartDuringLoad: the NATS server is restarted (same port and
+// store) while requests flow; the worker reconnects, /readyz reflects the
+// outage, and nothing is lost or doubled.
+func TestBrokerRestartDuringLoad(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	reqs := map[string]string{}
+	publishBurst(t, b, "brk", 300, reqs)
+	ns.Stop()
+	testnats.Eventually(t, 10*time.Second, "readyz reports the broker outage", func() bool {
+		code, why := readyReasons(w)
+		return code == 503 && strings.Contains(why, "nats")
+	})
+	ns = ns.Restart(t)
+	testnats.Eventually(t, 30*time.Second, "worker ready again", func() bool {
+		code, _ := readyReasons(w)
+		return code == 200
+	})
+	// The test's own connection reconnects too; publish another burst.
+	testnats.Eventually(t, 30*time.Second, "client reconnected", b.nc.IsConnected)
+	publishBurst(t, b, "brk", 300, reqs)
+	checkExactlyOnce(t, w, b, "brk", reqs)
+}
+
+// TestBrokerUnreachableForAWhile: the worker's network path to NATS is cut
+// (connections dropped, new ones refused) in the middle of a burst, then
+// restored; the requests published meanwhile are applied afterwards.
+func TestBrokerUnreachableForAWhile(t *testing.T) {
+	ns := testnats.Start(t)
+	px := newProxy(t, ns.Addr().String())
+	w := startWorker(t, ns, t.TempDir(), Options{}, "--nats-url", px.url())
+	b := newBus(t, ns)
+	reqs := map[string]string{}
+	publishBurst(t, b, "cut", 200, reqs)
+	px.setCut(true)
+	testnats.Eventually(t, 10*time.Second, "readyz reports the outage", func() bool {
+		code, why := readyReasons(w)
+		return code == 503 && strings.Contains(why, "nats")
+	})
+	publishBurst(t, b, "cut", 200, reqs) // queued in the stream meanwhile
+	px.setCut(false)
+	testnats.Eventually(t, 30*time.Second, "worker ready again", func() bool {
+		code, _ := readyReasons(w)
+		return code == 200
+	})
+	checkExactlyOnce(t, w, b, "cut", reqs)
+}
