@@ -112,7 +112,6 @@ func debugLogger(w io.Writer, format string) *slog.Logger {
 type launched struct {
 	t        *testing.T
 	ready    chan *App
-	done     chan error
 	exited   chan struct{}
 	err      error
 	cancel   context.CancelFunc
@@ -121,7 +120,7 @@ type launched struct {
 
 func launch(t *testing.T, log *slog.Logger, dir string, flags ...string) *launched {
 	t.Helper()
-	l := &launched{t: t, ready: make(chan *App, 1), done: make(chan error, 1), exited: make(chan struct{}), httpAddr: testnats.FreeAddr(t)}
+	l := &launched{t: t, ready: make(chan *App, 1), exited: make(chan struct{}), httpAddr: testnats.FreeAddr(t)}
 	args := append([]string{"--data-dir", dir, "--http-addr", l.httpAddr, "--reaper-schedule", "@every 1h"}, flags...)
 	cfg, err := ParseFlags(args, func(string) string { return "" }, io.Discard)
 	if err != nil {
@@ -133,7 +132,6 @@ func launch(t *testing.T, log *slog.Logger, dir string, flags ...string) *launch
 		err := Run(ctx, cfg, log, Options{OnReady: func(a *App) { l.ready <- a }})
 		l.err = err
 		close(l.exited)
-		l.done <- err
 	}()
 	t.Cleanup(func() { _ = l.stop() })
 	return l
@@ -504,20 +502,21 @@ func TestSecurityCredsFileUnknownAccountNeverReady(t *testing.T) {
 	}
 }
 
+// TestSecurityCredsFileMissing: an unreadable creds file is a start-up
+// error naming the file, not a hang.
 func TestSecurityCredsFileMissing(t *testing.T) {
 	ns := testnats.Start(t)
-	logs := newLogBuf()
-	l := launch(t, debugLogger(logs, "text"), t.TempDir(), "--nats-url", ns.ClientURL(), "--nats-creds", filepath.Join(t.TempDir(), "nope.creds"))
+	missing := filepath.Join(t.TempDir(), "nope.creds")
+	l := launch(t, testLog, t.TempDir(), "--nats-url", ns.ClientURL(), "--nats-creds", missing)
 	select {
 	case <-l.exited:
-		if l.err == nil {
-			t.Fatal("a missing creds file: Run returned nil")
+		if l.err == nil || !strings.Contains(l.err.Error(), "nope.creds") {
+			t.Fatalf("a missing creds file: Run returned %v, want an error naming the file", l.err)
 		}
 	case <-l.ready:
 		t.Fatal("ready with a missing creds file")
 	case <-time.After(30 * time.Second):
-		// Still running: it must at least not be ready.
-		assertNeverReady(t, l, logs, "")
+		t.Fatal("Run neither failed nor got ready within 30s")
 	}
 }
 
@@ -636,6 +635,7 @@ func TestSecurityTLSRefusals(t *testing.T) {
 		{"server not trusted", []string{"--nats-tls-ca", p.otherCA, "--nats-tls-cert", p.clientCert, "--nats-tls-key", p.clientKey}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			logs := newLogBuf()
 			l := launch(t, debugLogger(logs, "text"), t.TempDir(), append([]string{"--nats-url", url}, c.flags...)...)
 			// The provisioning loop reports that it cannot reach JetStream.
@@ -683,6 +683,7 @@ func TestSecurityNoSecretsInLogs(t *testing.T) {
 	ons := testnats.Start(t, op.opts)
 	urlWithPW := fmt.Sprintf("nats://%s:%s@127.0.0.1:%d", testUser, testPassword, ns.Opts.Port)
 	urlWithWrongPW := fmt.Sprintf("nats://%s:%s@127.0.0.1:%d", testUser, wrongPass, ns.Opts.Port)
+	deadURL := fmt.Sprintf("nats://%s:%s@%s", testUser, testPassword, testnats.FreeAddr(t))
 	secrets := []string{testPassword, wrongPass, op.seed, op.badSeed}
 	for _, c := range []struct {
 		name   string
@@ -696,8 +697,11 @@ func TestSecurityNoSecretsInLogs(t *testing.T) {
 		{"password in the URL wrong", []string{"--nats-url", urlWithWrongPW}, false, "text"},
 		{"creds ok", []string{"--nats-url", ons.ClientURL(), "--nats-creds", op.creds}, true, "text"},
 		{"creds refused", []string{"--nats-url", ons.ClientURL(), "--nats-creds", op.badCreds}, false, "json"},
+		{"password in the URL, no server", []string{"--nats-url", deadURL}, false, "text"},
+		{"password flag, no server", []string{"--nats-url", deadURL, "--nats-user", testUser, "--nats-password", testPassword}, false, "json"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			logs := newLogBuf()
 			l := launch(t, debugLogger(logs, c.format), t.TempDir(), c.flags...)
 			var pages []string
@@ -848,8 +852,8 @@ func TestHTTPHugeHeader(t *testing.T) {
 func TestHTTPSlowClientCutOff(t *testing.T) {
 	ns := testnats.Start(t)
 	w := startWorker(t, ns, t.TempDir(), Options{}, "--api-addr", "127.0.0.1:0")
-	for _, addr := range []string{w.app.HTTPAddr(), w.app.APIAddr()} {
-		t.Run(addr, func(t *testing.T) {
+	for name, addr := range map[string]string{"http-addr": w.app.HTTPAddr(), "api-addr": w.app.APIAddr()} {
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
