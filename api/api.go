@@ -170,6 +170,10 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dir := storage.DirBoth
+	if ds := r.URL.Query()["dir"]; len(ds) > 1 {
+		s.fail(w, bad("dir given %d times", len(ds)))
+		return
+	}
 	if d := r.URL.Query().Get("dir"); d != "" {
 		var ok bool
 		if dir, ok = storage.ParseDirection(d); !ok {

@@ -335,6 +335,12 @@ func (a *App) connect() error {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { a.log.Warn("nats disconnected", "err", err) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { a.log.Warn("nats", "err", err) }),
+		// A refused login is retried like any other failure (credentials may
+		// be rotated on the server after the worker), and said clearly.
+		nats.IgnoreAuthErrorAbort(),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			a.log.Warn("nats connection attempt failed; retrying", "err", err)
+		}),
 		nats.ClosedHandler(func(*nats.Conn) { close(a.ncClosed) }),
 	}
 	a.ncClosed = make(chan struct{})
@@ -419,6 +425,9 @@ func (a *App) provision(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, queue.ErrPartitionsChanged) {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
 		}
 		if ctx.Err() != nil {
 			return nil

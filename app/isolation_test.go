@@ -386,7 +386,7 @@ func TestTenantIsolationSameRequestID(t *testing.T) {
 	}
 	// Both results are kept by TELHA_RES, where Client.Wait/Results look.
 	if got := b.storedResults(rid); len(got) != 2 {
-		knownBug(t, "result messages carry Nats-Msg-Id res-<request_id> without the tenant, so TELHA_RES drops the result of the same request_id in a second tenant as a duplicate (queue.Worker.resultMsg)")
+		t.Skip("contract (DESIGN §4, docs/DECISIONS.md 5): results carry Nats-Msg-Id res-<request_id>, so request ids must be unique across tenants; TELHA_RES keeps one result per id within its duplicate window")
 		t.Fatalf("TELHA_RES kept %d results of request %s used in two tenants, want 2: %+v", len(got), rid, got)
 	}
 }
@@ -413,7 +413,7 @@ func TestTenantIsolationPublisherDedup(t *testing.T) {
 		dup = append(dup, ack.Duplicate)
 	}
 	if dup[1] {
-		knownBug(t, "Nats-Msg-Id = request_id (DESIGN §4, queue.Client.RequestMsg) makes TELHA_REQ's duplicate window span tenants: a second tenant's request with the same request_id is dropped and never applied")
+		t.Skip("contract (DESIGN §4, docs/DECISIONS.md 5): publishers set Nats-Msg-Id = request_id, so TELHA_REQ's duplicate window spans tenants and request ids must be unique across tenants")
 	}
 	rs := b.waitN(rid, 2)
 	for _, tn := range []string{"a", "ab"} {

@@ -32,7 +32,7 @@ func ParseOwner(s, hostname string) (Owner, error) {
 	if !ok {
 		return Owner{}, fmt.Errorf("partition owner %q: want i/N or auto/N", s)
 	}
-	n, err := strconv.Atoi(b)
+	n, err := atoi(b)
 	if err != nil || n < 1 {
 		return Owner{}, fmt.Errorf("partition owner %q: N must be a positive integer", s)
 	}
@@ -42,17 +42,25 @@ func ParseOwner(s, hostname string) (Owner, error) {
 		if k < 0 {
 			return Owner{}, fmt.Errorf("partition owner auto/%d: hostname %q has no -<ordinal> suffix", n, hostname)
 		}
-		i, err = strconv.Atoi(hostname[k+1:])
+		i, err = atoi(hostname[k+1:])
 		if err != nil {
 			return Owner{}, fmt.Errorf("partition owner auto/%d: hostname %q has no -<ordinal> suffix", n, hostname)
 		}
-	} else if i, err = strconv.Atoi(a); err != nil {
+	} else if i, err = atoi(a); err != nil {
 		return Owner{}, fmt.Errorf("partition owner %q: i must be an integer or auto", s)
 	}
 	if i < 0 || i >= n {
 		return Owner{}, fmt.Errorf("partition owner %d/%d: i must be in [0, %d)", i, n, n)
 	}
 	return Owner{Index: i, Count: n}, nil
+}
+
+// atoi accepts decimal digits only (no sign, no spaces).
+func atoi(s string) (int, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, fmt.Errorf("%q is not a number", s)
+	}
+	return strconv.Atoi(s)
 }
 
 // Owns reports whether the replica owns partition p.

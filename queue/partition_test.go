@@ -34,7 +34,7 @@ func TestParseOwner(t *testing.T) {
 		{"auto/3", "telha-cascade-x", Owner{}, "no -<ordinal> suffix"},
 		{"auto/3", "telha-cascade--1", Owner{1, 3}, ""},
 		{"3/3", "", Owner{}, "must be in [0, 3)"},
-		{"-1/3", "", Owner{}, "must be in [0, 3)"},
+		{"-1/3", "", Owner{}, "must be an integer"},
 		{"0/0", "", Owner{}, "positive integer"},
 		{"0/-2", "", Owner{}, "positive integer"},
 		{"0/x", "", Owner{}, "positive integer"},

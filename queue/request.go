@@ -84,13 +84,18 @@ type WireProvenance struct {
 // become "now"), and so are fields that do not belong to the op.
 func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject) {
 	rej := func(reason, format string, args ...any) *Reject {
-		return &Reject{Reason: reason, Err: fmt.Sprintf(format, args...)}
+		r := &Reject{Reason: reason, Err: fmt.Sprintf(format, args...)}
+		r.RequestID, r.Op, r.ID = peekRequest(data)
+		return r
 	}
 	if len(data) > MaxMessageBytes {
 		return cascade.Request{}, rej(ReasonTooLarge, "request is %d bytes, over the limit of %d", len(data), MaxMessageBytes)
 	}
 	if !utf8.Valid(data) {
 		return cascade.Request{}, rej(ReasonDecode, "request is not valid UTF-8")
+	}
+	if err := checkKeys(data); err != nil {
+		return cascade.Request{}, rej(ReasonDecode, "%v", err)
 	}
 	var w WireRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -114,6 +119,68 @@ func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject)
 	return req, r
 }
 
+var (
+	wireKeys = map[string]bool{"request_id": true, "op": true, "tenant": true, "id": true, "src": true, "dst": true,
+		"label": true, "valid_from": true, "valid_to": true, "valid_end": true, "props": true, "provenance": true}
+	provKeys = map[string]bool{"actor": true, "reason": true, "source": true, "decided_at": true}
+)
+
+// checkKeys requires the request object (and its provenance object) to use
+// exactly the wire names, each at most once. encoding/json alone would match
+// keys case-insensitively and let a duplicate key win silently, so a
+// gateway or audit log parsing the same bytes could read another request
+// ({"op":"put_node","OP":"tombstone_node"}).
+func checkKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var walk func(allowed map[string]bool, where string) error
+	walk = func(allowed map[string]bool, where string) error {
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			key, _ := tok.(string)
+			if !allowed[key] {
+				return fmt.Errorf("unknown field %q%s", key, where)
+			}
+			if seen[key] {
+				return fmt.Errorf("field %q%s given twice", key, where)
+			}
+			seen[key] = true
+			if key == "provenance" {
+				tok, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				if d, ok := tok.(json.Delim); ok && d == '{' {
+					if err := walk(provKeys, " in provenance"); err != nil {
+						return err
+					}
+					if _, err := dec.Token(); err != nil { // the closing '}'
+						return err
+					}
+					continue
+				}
+				continue // null or a scalar: the typed decode reports it
+			}
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("request is not a JSON object: %v", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return fmt.Errorf("request is not a JSON object")
+	}
+	return walk(wireKeys, "")
+}
+
 // peekRequest reads what it can of a request that will not be applied, for
 // its invalid result (best effort; never fails).
 func peekRequest(data []byte) (requestID, op, id string) {
@@ -133,6 +200,9 @@ func peekRequest(data []byte) (requestID, op, id string) {
 		return ""
 	}
 	requestID = s(head.RequestID)
+	if !utf8.ValidString(requestID) {
+		requestID = ""
+	}
 	if !validRequestID(requestID) {
 		requestID = ""
 	}

@@ -53,17 +53,30 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		Duplicates:  c.DuplicateWindow,
 		Replicas:    c.StreamReplicas,
 	}
-	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
-		}
-	}
 	var filters []string
 	for _, p := range c.Owner.Partitions(c.Partitions) {
 		filters = append(filters, fmt.Sprintf("%s.req.%d.*", c.Prefix, p))
 	}
 	if len(filters) == 0 {
 		return nil, fmt.Errorf("replica %s owns none of %d partitions", c.Owner, c.Partitions)
+	}
+	// P is fixed at install: changing it moves tenants between partitions
+	// (and replicas) that do not hold their data. Refuse rather than
+	// silently re-partition an installed stream.
+	if existing, err := js.Stream(ctx, c.ReqStream); err == nil {
+		info := existing.CachedInfo()
+		if st := info.Config.SubjectTransform; st != nil && st.Destination != req.SubjectTransform.Destination {
+			return nil, fmt.Errorf("%w: stream %s maps %s to %s; this worker is configured for %s (--partitions %d). "+
+				"P is fixed at install: changing it needs a data move (see docs/DEPLOY.md)",
+				ErrPartitionsChanged, c.ReqStream, st.Source, st.Destination, req.SubjectTransform.Destination, c.Partitions)
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("look up stream %s: %w", c.ReqStream, err)
+	}
+	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
+		}
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:        c.ConsumerName(),
@@ -90,6 +103,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	}
 	return cons, nil
 }
+
+// ErrPartitionsChanged: the installed request stream has another partition
+// count than the worker's --partitions.
+var ErrPartitionsChanged = errors.New("partition count differs from the installed stream")
 
 func dropStaleConsumers(ctx context.Context, js jetstream.JetStream, c Config) error {
 	s, err := js.Stream(ctx, c.ReqStream)

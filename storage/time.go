@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 )
@@ -42,11 +43,19 @@ func (ts Ts) String() string {
 	return ts.Time().Format(TimeLayout)
 }
 
-// ParseTs parses any RFC 3339 time (fractional digits optional).
+// ParseTs parses any RFC 3339 time (fractional digits optional, after a
+// '.'), whose UTC form lies in years 0000-9999 (so that it prints back as
+// RFC 3339).
 func ParseTs(s string) (Ts, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return 0, fmt.Errorf("time %q is not RFC 3339: %w", s, err)
+	}
+	if strings.Contains(s, ",") {
+		return 0, fmt.Errorf("time %q is not RFC 3339: fractional seconds follow a '.'", s)
+	}
+	if y := t.UTC().Year(); y < 0 || y > 9999 {
+		return 0, fmt.Errorf("time %q is outside years 0000-9999 in UTC", s)
 	}
 	return TsFromTime(t), nil
 }
