@@ -252,7 +252,7 @@ func TestE2EWrongPartitionIsDeadLettered(t *testing.T) {
 	// Widen the replica's consumer to every partition behind its back.
 	_, err := b.js.UpdateConsumer(context.Background(), "TELHA_REQ", jetstream.ConsumerConfig{
 		Durable: "telha-worker-0", FilterSubjects: []string{"telha.req.>"}, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: 30 * time.Second, MaxDeliver: 5, MaxAckPending: 4096,
+		AckWait: 30 * time.Second, MaxDeliver: -1, MaxAckPending: 4096,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -159,8 +159,9 @@ type Request struct {
 //   - Final outcomes carry Receipt (stored under RequestID in the same batch
 //     as the effect). Err is nil for StatusOK and wraps the refusal's sentinel
 //     otherwise.
-//   - Err without a receipt is not final: ErrCascadeInFlight (retry later)
-//     or ErrInvalid (the request can never apply).
+//   - Err without a receipt: ErrInvalid (the request can never apply).
+//     ErrCascadeInFlight is retryable for the caller (with a new request
+//     id) but final for this request id, so it carries a receipt.
 //   - Journal is set when the request's cascade was journaled (or a journal
 //     for its request id is already in flight): the commit point is durable
 //     and the result comes when the journal finishes (Hooks.JournalDone).
@@ -284,6 +285,11 @@ func outcomeOf(r *Request, tx storage.Ts, edges uint64, err error) Outcome {
 		rc.Status = storage.StatusAlreadyTombstoned
 	case errors.Is(err, ErrEndpointDead):
 		rc.Status = storage.StatusEndpointDead
+	case errors.Is(err, ErrCascadeInFlight):
+		// Final for this request id (see docs/DECISIONS.md 4): a redelivery
+		// must not turn an answered cascade_in_flight into another outcome
+		// the results stream would drop as a duplicate.
+		rc.Status = storage.StatusCascadeInFlight
 	default:
 		return Outcome{Err: err}
 	}
@@ -299,6 +305,8 @@ func statusErr(s storage.Status) error {
 		return ErrAlreadyTombstoned
 	case storage.StatusEndpointDead:
 		return ErrEndpointDead
+	case storage.StatusCascadeInFlight:
+		return ErrCascadeInFlight
 	}
 	return nil
 }

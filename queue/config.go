@@ -27,8 +27,9 @@ type Config struct {
 	DLQMaxAge time.Duration
 	// StreamReplicas for streams this worker creates. Default 1.
 	StreamReplicas int
-	// MaxDeliver: transient failures are retried until the message's
-	// MaxDeliver-th delivery, which dead-letters it. Default 5.
+	// MaxDeliver: a request that fails transiently on its MaxDeliver-th
+	// delivery (or later) is dead-lettered. Default 5. The consumer itself
+	// redelivers without limit, so a crash never strands a message.
 	MaxDeliver int
 	// AckWait of the consumer. Messages being worked on are kept alive with
 	// InProgress well before it. Default 30s.

@@ -48,6 +48,8 @@ func statusOf(s storage.Status) string {
 		return StatusAlreadyTombstoned
 	case storage.StatusEndpointDead:
 		return StatusEndpointDead
+	case storage.StatusCascadeInFlight:
+		return StatusCascadeInFlight
 	}
 	return StatusFailed
 }

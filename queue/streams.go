@@ -84,9 +84,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		FilterSubjects: filters,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.AckWait,
-		MaxDeliver:     c.MaxDeliver,
-		MaxAckPending:  c.MaxAckPending,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		// Unlimited at the server: a message whose worker was killed is
+		// always redelivered (a server-side limit would strand it, unacked
+		// and undelivered, for ever). The worker itself dead-letters a
+		// request that fails transiently on its MaxDeliver-th delivery.
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
 	if err != nil && strings.Contains(err.Error(), "not unique") {

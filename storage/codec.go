@@ -302,6 +302,10 @@ const (
 	StatusNotFound
 	StatusAlreadyTombstoned
 	StatusEndpointDead
+	// StatusCascadeInFlight: refused while a journal fenced a node the
+	// request touches. Stored like the others, so a redelivery of the
+	// request gets the same answer (retry with a new request id).
+	StatusCascadeInFlight
 )
 
 // Receipt is the durable record of a request's final outcome, stored in the
@@ -345,7 +349,7 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 		if _, ok := opNames[r.Op]; !ok {
 			d.fail("bad op %d", r.Op)
 		}
-		if r.Status < StatusOK || r.Status > StatusEndpointDead {
+		if r.Status < StatusOK || r.Status > StatusCascadeInFlight {
 			d.fail("bad status %d", r.Status)
 		}
 		if flags&^flagJournaled != 0 {
