@@ -61,6 +61,12 @@ for f in "${ci_values[@]}"; do
 done
 export TELHA_RENDER_DIR="$render_dir"
 
+echo "== container image (no engine: go-containerregistry, scratch base)"
+go run ./cmd/build-image -repo .. -out "$tmp/telha-cascade.tar" \
+  -version "$(git -C .. describe --tags --always --dirty 2>/dev/null || echo dev)" \
+  -revision "$(git -C .. rev-parse HEAD 2>/dev/null || echo unknown)"
+export TELHA_IMAGE_TAR="$tmp/telha-cascade.tar"
+
 echo "== go vet (helm module)"
 go vet ./...
 
