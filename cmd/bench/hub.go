@@ -1,0 +1,406 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// childResult is what a hub or raw child prints (one JSON object).
+type childResult struct {
+	Edges         int         `json:"edges"`
+	BuildSeconds  float64     `json:"build_seconds,omitempty"`
+	SettleSeconds float64     `json:"settle_seconds,omitempty"`
+	Seconds       float64     `json:"seconds"`
+	RSSBeforeMB   float64     `json:"rss_before_mb"`
+	PeakRSSMB     float64     `json:"peak_rss_mb"`
+	GrowthMB      float64     `json:"peak_rss_growth_mb"`
+	Commits       int64       `json:"commits"`
+	Puts          int64       `json:"puts"`
+	BatchBytes    int64       `json:"batch_bytes"`
+	Journaled     bool        `json:"journaled,omitempty"`
+	Tombstoned    uint64      `json:"edges_tombstoned,omitempty"`
+	HeapAllocMB   float64     `json:"go_total_alloc_mb"`
+	GCCycles      uint32      `json:"gc_cycles"`
+	CPU           cpuUse      `json:"cpu"`
+	OthersBefore  float64     `json:"other_cores_before,omitempty"`
+	Pebble        pebbleStats `json:"pebble"`
+	// Sampled every 20 ms during the measured phase: the Go heap's objects
+	// (live or not yet collected) and Pebble's memtables and flushable
+	// batches (allocated outside the Go heap).
+	PeakGoHeapMB    float64 `json:"peak_go_heap_mb"`
+	PeakMemtablesMB float64 `json:"peak_pebble_memtables_mb"`
+}
+
+// procStatus reads VmRSS and VmHWM (bytes) from /proc/self/status.
+func procStatus() (rss, hwm int64, err error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		fs := strings.Fields(v)
+		if len(fs) < 1 {
+			continue
+		}
+		n, _ := strconv.ParseInt(fs[0], 10, 64)
+		switch k {
+		case "VmRSS":
+			rss = n * 1024
+		case "VmHWM":
+			hwm = n * 1024
+		}
+	}
+	return rss, hwm, sc.Err()
+}
+
+// resetPeak resets VmHWM to the current RSS.
+func resetPeak() error { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+const mb = 1 << 20
+
+func mbOf(b int64) float64 { return round3(float64(b) / mb) }
+
+// settle flushes the memtable and waits for compactions to finish, so the
+// measured phase does not pay for the build's compaction debt.
+func settle(db *pebble.DB) error {
+	if err := db.Flush(); err != nil {
+		return err
+	}
+	waitCompactions(db, 2*time.Minute)
+	return nil
+}
+
+// waitCompactions waits (up to limit) until no flush or compaction has
+// been running for three samples in a row, 100 ms apart.
+func waitCompactions(db pebbleMetrics, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	quiet := 0
+	for time.Now().Before(deadline) && quiet < 3 {
+		m := db.Metrics()
+		if m.Compact.NumInProgress == 0 && m.Flush.NumInProgress == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// peakSampler records, every 20 ms, the Go heap (live and dead objects not
+// yet swept, runtime/metrics) and Pebble's memtables (and flushable
+// batches, which live outside the Go heap), to tell where the RSS peak is.
+type peakSampler struct {
+	stop   chan struct{}
+	done   chan struct{}
+	heap   uint64
+	memtab uint64
+}
+
+// startPeakSampler starts sampling; with heapFile set it also writes the
+// heap profile (in-use as of the last GC) each time the heap grows 10% past
+// the last written one, so the file shows the composition near the peak.
+func startPeakSampler(db pebbleMetrics, heapFile string) *peakSampler {
+	p := &peakSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			metrics.Read(sample)
+			if sample[0].Value.Kind() == metrics.KindUint64 {
+				h := sample[0].Value.Uint64()
+				if heapFile != "" && h > p.heap+p.heap/10 {
+					if f, err := os.Create(heapFile); err == nil {
+						_ = pprof.Lookup("heap").WriteTo(f, 0)
+						f.Close()
+					}
+				}
+				p.heap = max(p.heap, h)
+			}
+			if db != nil && i%5 == 0 {
+				m := db.Metrics()
+				p.memtab = max(p.memtab, m.MemTable.Size+m.MemTable.ZombieSize)
+			}
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return p
+}
+
+func (p *peakSampler) finish() (heapMB, memtableMB float64) {
+	close(p.stop)
+	<-p.done
+	return mbOf(int64(p.heap)), mbOf(int64(p.memtab))
+}
+
+type pebbleMetrics interface{ Metrics() *pebble.Metrics }
+
+// measure runs fn between a GC and peak reset and the VmHWM read.
+func measure(res *childResult, prof *profiler, db pebbleMetrics, fn func() error) error {
+	runtime.GC()
+	debug.FreeOSMemory()
+	if err := resetPeak(); err != nil {
+		return fmt.Errorf("reset peak RSS: %w", err)
+	}
+	before, _, err := procStatus()
+	if err != nil {
+		return err
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	if err := prof.start(); err != nil {
+		return err
+	}
+	cpu0 := sampleCPU()
+	heapFile := ""
+	if prof.dir != "" {
+		heapFile = filepath.Join(prof.dir, prof.name+".heap-peak.pprof")
+	}
+	ps := startPeakSampler(db, heapFile)
+	t0 := time.Now()
+	err = fn()
+	res.Seconds = round3(time.Since(t0).Seconds())
+	res.PeakGoHeapMB, res.PeakMemtablesMB = ps.finish()
+	res.CPU = cpuSince(cpu0, runtime.NumCPU())
+	if perr := prof.stop(); perr != nil && err == nil {
+		err = perr
+	}
+	_, hwm, serr := procStatus()
+	if serr != nil && err == nil {
+		err = serr
+	}
+	runtime.ReadMemStats(&ms1)
+	res.RSSBeforeMB, res.PeakRSSMB, res.GrowthMB = mbOf(before), mbOf(hwm), mbOf(hwm-before)
+	res.HeapAllocMB = mbOf(int64(ms1.TotalAlloc - ms0.TotalAlloc))
+	res.GCCycles = ms1.NumGC - ms0.NumGC
+	return err
+}
+
+// runChild is the --hub-child process: "hub" or "raw" in o.dir.
+func runChild(ctx context.Context, o *options, stdout io.Writer) error {
+	var res *childResult
+	var err error
+	switch o.hubChild {
+	case "hub":
+		res, err = hubChild(ctx, o)
+	case "raw":
+		res, err = rawChild(o)
+	default:
+		return fmt.Errorf("unknown child %q", o.hubChild)
+	}
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(res)
+}
+
+var hubProv = storage.Provenance{Actor: benchActor, Reason: "super-node delete", Source: benchSource, DecidedAt: storage.NoTs}
+
+func hubChild(ctx context.Context, o *options) (*childResult, error) {
+	res := &childResult{Edges: o.hubEdges}
+	// Build: the hub and N out-edges to N fresh neighbours, written straight
+	// into the store (see graphWriter), then flushed and compacted.
+	t0 := time.Now()
+	hub := uuid.New()
+	g, err := newGraphWriter(o.dir)
+	if err != nil {
+		return nil, err
+	}
+	err = g.node("hub", hub)
+	for i := 0; i < o.hubEdges && err == nil; i++ {
+		m := uuid.New()
+		err = errors.Join(g.node("hub", m), g.edge("hub", uuid.New(), hub, m))
+	}
+	if cerr := g.close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	res.BuildSeconds = round3(time.Since(t0).Seconds())
+
+	counter := &commitCounter{}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	t1 := time.Now()
+	st, err := storage.OpenStore(o.dir, storage.Options{Logger: quiet,
+		WrapEngine: func(e storage.Engine) storage.Engine { return countingEngine{Engine: e, c: counter} }})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	ops := cascade.New(st, cascade.Options{Logger: quiet}) // default max_batch_ops
+	defer ops.Close()
+	sc := storage.MustScope("hub")
+	pe, ok := st.Engine().(countingEngine).Engine.(*storage.PebbleEngine)
+	if !ok {
+		return nil, errors.New("unexpected engine type")
+	}
+	if err := settle(pe.DB); err != nil { // the reopen replayed nothing, but be sure
+		return nil, err
+	}
+	res.SettleSeconds = round3(time.Since(t1).Seconds())
+	res.OthersBefore = waitIdle(o.waitIdle, runtime.NumCPU(), progress{os.Stderr})
+
+	counter.reset()
+	prof := &profiler{dir: o.profileDir, name: "hub"}
+	var rc cascade.CascadeReceipt
+	pm0, sm0 := pe.Metrics(), markStalls(st)
+	err = measure(res, prof, pe, func() error {
+		var err error
+		rc, err = ops.TombstoneNode(ctx, sc, hub, storage.NoTs, hubProv)
+		return err
+	})
+	res.Pebble = pebbleDelta(pm0, pe.Metrics()).withStalls(st, sm0)
+	if err != nil {
+		return nil, err
+	}
+	res.Journaled, res.Tombstoned = rc.Journaled, rc.EdgesTombstoned
+	res.Commits, res.Puts, res.BatchBytes = counter.commits.Load(), counter.puts.Load(), counter.bytes.Load()
+	if rc.EdgesTombstoned != uint64(o.hubEdges) || !rc.Journaled {
+		return res, fmt.Errorf("cascade tombstoned %d edges (journaled %v), want %d journaled", rc.EdgesTombstoned, rc.Journaled, o.hubEdges)
+	}
+	return res, nil
+}
+
+// rawChild writes the hub cascade's versions (N edge tombstones from one
+// src, then the node tombstone: 5N+3 puts) into a fresh store in synced
+// batches of at most 100k puts, whole versions only, as the journaled
+// cascade chunks them.
+func rawChild(o *options) (*childResult, error) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := storage.OpenStore(o.dir, storage.Options{Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	pe := st.Engine()
+	sc := storage.MustScope("hub")
+	res := &childResult{Edges: o.hubEdges}
+	res.OthersBefore = waitIdle(o.waitIdle, runtime.NumCPU(), progress{os.Stderr})
+	counter := &commitCounter{}
+	rng := rand.New(rand.NewPCG(3, 4))
+	hub := randUUID(rng)
+	tx := storage.TsFromTime(time.Now())
+	prov := hubProv
+	prof := &profiler{dir: o.profileDir, name: "raw"}
+	pm0, sm0 := pe.Metrics(), markStalls(st)
+	defer func() { res.Pebble = pebbleDelta(pm0, pe.Metrics()).withStalls(st, sm0) }()
+	err = measure(res, prof, pe, func() error {
+		b := pe.NewBatch()
+		ops := 0
+		flush := func() error {
+			counter.add(b)
+			err := pe.Commit(b) // pebble.Sync
+			b.Close()
+			b = pe.NewBatch()
+			ops = 0
+			return err
+		}
+		for range o.hubEdges {
+			if ops+storage.OpsPerEdgeVersion > cascade.DefaultMaxBatchOps {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			v := storage.Version{Kind: storage.KindEdge, ID: randUUID(rng), Src: hub, Dst: randUUID(rng), Label: benchLabel,
+				Valid: storage.Open(tx), Tx: storage.Open(tx), Tombstone: true, Props: []byte("{}"), Prov: prov}
+			storage.AppendVersion(b, sc, &v)
+			ops += storage.OpsPerEdgeVersion
+		}
+		if ops+storage.OpsPerNodeVersion > cascade.DefaultMaxBatchOps {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		v := storage.Version{Kind: storage.KindNode, ID: hub, Valid: storage.Open(tx), Tx: storage.Open(tx), Tombstone: true, Props: []byte("{}"), Prov: prov}
+		storage.AppendVersion(b, sc, &v)
+		err := flush()
+		b.Close()
+		return err
+	})
+	res.Commits, res.Puts, res.BatchBytes = counter.commits.Load(), counter.puts.Load(), counter.bytes.Load()
+	return res, err
+}
+
+// startChild re-executes this binary as a hub or raw child in dir.
+func startChild(ctx context.Context, o *options, kind, dir string) (*childResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--hub-child", kind, "--hub-edges", strconv.Itoa(o.hubEdges), "--dir", dir}
+	if o.profileDir != "" {
+		args = append(args, "--profile-dir", o.profileDir)
+	}
+	if o.waitIdle > 0 {
+		args = append(args, "--wait-idle", o.waitIdle.String())
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, io.MultiWriter(&errb, os.Stderr)
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s child: %v: %s", kind, err, strings.TrimSpace(errb.String()))
+	}
+	var res childResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		return nil, fmt.Errorf("%s child output %q: %v", kind, out.String(), err)
+	}
+	return &res, nil
+}
+
+func runHub(ctx context.Context, o *options, pg progress, root string, rep *Report) error {
+	pg.printf("hub: building a %d-edge hub in a child process ...", o.hubEdges)
+	hubDir := filepath.Join(root, "hub")
+	h, err := startChild(ctx, o, "hub", hubDir)
+	_ = os.RemoveAll(hubDir)
+	if err != nil {
+		return err
+	}
+	pg.printf("hub: built in %.1fs (settled %.1fs); cascade of %d edges %.2fs, peak RSS growth %.0f MB, %d commits",
+		h.BuildSeconds, h.SettleSeconds, h.Tombstoned, h.Seconds, h.GrowthMB, h.Commits)
+	rawDir := filepath.Join(root, "raw")
+	r, err := startChild(ctx, o, "raw", rawDir)
+	_ = os.RemoveAll(rawDir)
+	if err != nil {
+		return err
+	}
+	pg.printf("hub: raw Pebble %d puts in %.2fs (%d synced batches)", r.Puts, r.Seconds, r.Commits)
+	rep.Hub = &HubReport{
+		Edges: o.hubEdges, Seconds: h.Seconds, PeakRSSGrowthMB: h.GrowthMB, RawPebbleSeconds: r.Seconds,
+		Cascade: h, Raw: r,
+	}
+	return nil
+}

@@ -1,0 +1,332 @@
+// Command bench measures telha-cascade end to end, in one process tree,
+// against an embedded NATS JetStream server and fresh Pebble stores, and
+// prints a table (or, with --json, one JSON object).
+//
+//	go run ./cmd/bench            # full run (1,000,000-edge hub; about 2 minutes)
+//	go run ./cmd/bench --quick    # under 60 s (100,000-edge hub, fewer requests)
+//	go run ./cmd/bench --json     # one JSON object on stdout; progress on stderr
+//
+// docs/BENCHMARKS.md has the method in more detail, results and what limits
+// each figure.
+//
+// # Method
+//
+// Every phase runs on the same machine in the same run, on one embedded
+// nats-server (JetStream, file storage in a temp dir) and on fresh Pebble
+// stores opened with the worker's own options (storage.OpenStore). Every
+// durable write is a pebble.Sync commit.
+//
+// small: the real worker (app.Run, in-process, default flags, --nats-url of
+// the embedded server). Before it starts, the graph is written straight into
+// its store: per request target either a standalone edge (for a
+// tombstone_edge) or a node with 0..8 edges (for a tombstone_node; 4 on
+// average, out and in edges mixed). The measured requests alternate
+// tombstone_edge and tombstone_node, over --tenants tenants, as DESIGN §4
+// JSON published with queue.Client.RequestMsg (Nats-Msg-Id = request_id) by
+// --publishers goroutines with async publish, each keeping at most --window
+// requests outstanding (a closed loop: a slot frees when its result
+// arrives). A core NATS subscription on telha.res.* receives every result as
+// it is published. Latency = result arrival - publish call, per request.
+// small.per_sec = requests / (last result - first publish). Every result
+// must be "ok" with the expected edges_tombstoned, or the run fails.
+// small.light_p99_ms: once the worker's Pebble has no flush or compaction
+// running, the same kind of requests published open-loop at a fixed
+// --light-rate (1000/s) for --light-duration; p99 of their latency.
+//
+// pipeline: the raw limit. Same streams and consumer configuration
+// (queue.Provision under another prefix), same publishers, same message count
+// and bodies; a minimal consumer with the worker's structure (Consume with
+// the same buffer, groups of up to 512 taken from what has arrived, one
+// synced Pebble batch per group, then results published async, their
+// publish acks awaited, messages acked, overlapped with the next group's
+// commit). No request decoding and no reads: each message writes exactly the
+// versions its cascade writes (storage.AppendVersion of the same kinds,
+// label and provenance, plus the receipt), so the number and size of puts
+// match (the table shows both, measured at the commit).
+//
+// naive: the same messages, one at a time: one synced commit per message,
+// then its result is published (async, not awaited) and the message acked.
+// It is the design group commit has to beat.
+//
+// hub: in a child process (re-exec with --hub-child) on a fresh store, a node
+// with --hub-edges out-edges is built, flushed and left to settle
+// (compactions finished); then GC runs, the peak-RSS counter is reset
+// (echo 5 > /proc/self/clear_refs) and VmRSS read; the cascade
+// (cascade.Ops.TombstoneNode, default max_batch_ops 100000, so the journaled
+// path) runs; hub.seconds is its wall time until the journal is removed and
+// hub.peak_rss_growth_mb = VmHWM after - VmRSS before. raw_pebble_seconds
+// comes from another child that writes the same versions (N edge tombstones,
+// the node tombstone: 5N+3 puts of the same key and value sizes) into a
+// fresh store in synced batches of at most 100,000 puts.
+//
+// Ratios: small_vs_pipeline = small.per_sec / pipeline.per_sec,
+// small_vs_naive = small.per_sec / naive.per_sec, hub_vs_raw = hub.seconds /
+// hub.raw_pebble_seconds. The targets are reported as PASS or MISS; missing
+// one never makes the command fail (only real errors do: a wrong or missing
+// result, a failed commit).
+//
+// Every phase also reports the CPU it used (this process, and the rest of
+// the machine: a run where other processes used more than ~0.2 cores is
+// disturbed; --wait-idle waits for quiet before each phase), Pebble's
+// flushes, compactions, block-cache hit rate and write stalls, and the
+// synced commits (count, mean and max duration, share of wall time).
+//
+// --profile-dir writes pprof profiles of each measured phase (small, light,
+// pipeline; hub and raw from the children): <phase>.cpu.pprof, and
+// <phase>.allocs.base.pprof / <phase>.allocs.pprof taken before and after
+// (go tool pprof -base ...base.pprof ...allocs.pprof shows the phase alone).
+// Goroutines are labelled side=worker|client|pipeline|naive (filter with
+// -tagfocus=side=worker). The children also write <phase>.heap-peak.pprof,
+// the in-use heap near the RSS peak.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	jsonOut       bool
+	jsonFile      string
+	quick         bool
+	requests      int
+	naiveRequests int
+	publishers    int
+	window        int
+	tenants       int
+	lightRate     int
+	lightDuration time.Duration
+	hubEdges      int
+	phases        map[string]bool
+	dir           string
+	keep          bool
+	profileDir    string
+	workerLog     bool
+	traceFile     string
+	waitIdle      time.Duration
+
+	// child modes (hidden)
+	hubChild string // "hub" or "raw"
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
+	}
+	if o.hubChild != "" {
+		if err := runChild(ctx, o, stdout); err != nil {
+			fmt.Fprintln(stderr, "bench child:", err)
+			return 1
+		}
+		return 0
+	}
+	rep, err := runAll(ctx, o, stderr)
+	if rep != nil && o.jsonFile != "" {
+		if b, jerr := json.MarshalIndent(rep, "", "  "); jerr == nil {
+			if werr := os.WriteFile(o.jsonFile, append(b, '\n'), 0o644); werr != nil && err == nil {
+				err = werr
+			}
+		}
+	}
+	if rep != nil {
+		if o.jsonOut {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(rep)
+		} else {
+			printTable(stdout, rep)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: go run ./cmd/bench [--quick] [--json] [flags]\n\nMeasures the worker (small cascades end to end, a super-node cascade) against\nthe raw limits of the same machine; see the package documentation.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object instead of the table")
+	fs.StringVar(&o.jsonFile, "json-file", "", "also write the JSON object to this file")
+	fs.BoolVar(&o.quick, "quick", false, "smaller run that finishes in under a minute (100k-edge hub)")
+	fs.IntVar(&o.requests, "requests", 0, "measured requests of the small, pipeline runs (default 60000, quick 15000)")
+	fs.IntVar(&o.naiveRequests, "naive-requests", 0, "measured requests of the naive run (default 15000, quick 5000)")
+	fs.IntVar(&o.publishers, "publishers", 32, "concurrent publisher goroutines")
+	fs.IntVar(&o.window, "window", 16, "requests each publisher keeps outstanding (awaiting their result)")
+	fs.IntVar(&o.tenants, "tenants", 8, "tenants the requests are spread over")
+	fs.IntVar(&o.lightRate, "light-rate", 1000, "requests per second of the light-load latency run")
+	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
+	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
+	phases := fs.String("phases", "small,pipeline,naive,hub", "phases to run (comma-separated subset)")
+	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
+	fs.StringVar(&o.profileDir, "profile-dir", "", "write pprof CPU and allocs profiles of the small, pipeline and hub runs here")
+	fs.BoolVar(&o.workerLog, "worker-log", false, "echo the worker's log (info and up) to stderr")
+	fs.DurationVar(&o.waitIdle, "wait-idle", 0, "before each measured phase, wait up to this long for other processes to use < 0.2 cores")
+	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the small saturation run to this file")
+	fs.StringVar(&o.hubChild, "hub-child", "", "internal: run the hub (hub) or raw Pebble (raw) measurement and print JSON")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	def := func(p *int, full, quick int) {
+		if *p <= 0 {
+			*p = full
+			if o.quick {
+				*p = quick
+			}
+		}
+	}
+	def(&o.requests, 60_000, 15_000)
+	def(&o.naiveRequests, 15_000, 5_000)
+	def(&o.hubEdges, 1_000_000, 100_000)
+	if o.lightDuration <= 0 {
+		o.lightDuration = 10 * time.Second
+		if o.quick {
+			o.lightDuration = 3 * time.Second
+		}
+	}
+	if o.publishers < 1 || o.window < 1 || o.tenants < 1 || o.lightRate < 1 {
+		return nil, errors.New("--publishers, --window, --tenants and --light-rate must be positive")
+	}
+	o.phases = map[string]bool{}
+	for _, p := range strings.Split(*phases, ",") {
+		p = strings.TrimSpace(p)
+		switch p {
+		case "small", "pipeline", "naive", "hub":
+			o.phases[p] = true
+		case "":
+		default:
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, pipeline, naive, hub)", p)
+		}
+	}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return nil, err
+		}
+		abs, err := filepath.Abs(o.profileDir)
+		if err != nil {
+			return nil, err
+		}
+		o.profileDir = abs
+	}
+	return o, nil
+}
+
+// progress prints a progress line on stderr.
+type progress struct{ w io.Writer }
+
+func (p progress) printf(format string, args ...any) {
+	fmt.Fprintf(p.w, "bench: "+format+"\n", args...)
+}
+
+func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) {
+	pg := progress{stderr}
+	started := time.Now()
+	rep := newReport(o)
+	root, err := os.MkdirTemp(o.dir, "telha-bench-")
+	if err != nil {
+		return nil, err
+	}
+	if o.keep {
+		pg.printf("data directory %s (kept)", root)
+	} else {
+		defer os.RemoveAll(root)
+	}
+
+	ns, err := startNATS(filepath.Join(root, "nats"))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.stop()
+
+	specs := makeSpecs(o)
+
+	if o.phases["small"] {
+		if err := runSmall(ctx, o, pg, ns, filepath.Join(root, "worker"), specs, rep); err != nil {
+			return rep, fmt.Errorf("small: %w", err)
+		}
+	}
+	if o.phases["pipeline"] {
+		if err := runPipeline(ctx, o, pg, ns, filepath.Join(root, "pipeline"), specs, rep); err != nil {
+			return rep, fmt.Errorf("pipeline: %w", err)
+		}
+	}
+	if o.phases["naive"] {
+		if err := runNaive(ctx, o, pg, ns, filepath.Join(root, "naive"), specs, rep); err != nil {
+			return rep, fmt.Errorf("naive: %w", err)
+		}
+	}
+	ns.stop()
+	if o.phases["hub"] {
+		if err := runHub(ctx, o, pg, root, rep); err != nil {
+			return rep, fmt.Errorf("hub: %w", err)
+		}
+	}
+	rep.finish(time.Since(started))
+	pg.printf("done in %s", time.Since(started).Round(100*time.Millisecond))
+	return rep, nil
+}
+
+// buildInfo returns the VCS revision stamped into the binary, if any.
+func buildInfo() (rev string, modified bool, goVersion string) {
+	goVersion = runtime.Version()
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown", false, goVersion
+	}
+	rev = "unknown"
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+			if len(rev) > 12 {
+				rev = rev[:12]
+			}
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "unknown" {
+		// Built without VCS stamping (-buildvcs=false): ask git, read-only.
+		if out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+			rev = strings.TrimSpace(string(out))
+			if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+				modified = len(strings.TrimSpace(string(st))) > 0
+			}
+		}
+	}
+	return rev, modified, goVersion
+}
