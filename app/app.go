@@ -145,6 +145,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
 		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree, OnFatal: opts.OnFatal,
+		Sizes: storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20},
 	})
 	if err != nil {
 		return err

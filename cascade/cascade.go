@@ -199,7 +199,12 @@ func (o *Ops) run(ctx context.Context, e *storage.JournalEntry, token uint64, sn
 
 func (o *Ops) apply(ctx context.Context, e *storage.JournalEntry, token uint64, snap pebble.Reader, start time.Time) error {
 	sc, j := e.Scope, e.J
-	ch := &chunker{o: o, ctx: ctx, e: e, token: token, b: o.store.NewBatch()}
+	// One batch for every chunk, sized for a full chunk and reset after
+	// each commit (about 100 bytes a put), instead of a new buffer grown
+	// from empty per chunk.
+	size := o.maxBatchOps * 100
+	ch := &chunker{o: o, ctx: ctx, e: e, token: token,
+		b: o.store.NewBatch(pebble.WithInitialSizeBytes(min(size, 64<<20)), pebble.WithMaxRetainedSizeBytes(size+size/2))}
 	defer func() { ch.b.Close() }()
 	if snap != nil {
 		err := collect(snap, sc, j.NodeID, j.ValidEnd, func(c collected) error {
@@ -278,6 +283,7 @@ type chunker struct {
 	e      *storage.JournalEntry
 	token  uint64
 	b      *pebble.Batch
+	w      storage.VersionWriter
 	ops    int
 	edges  int64 // journaled edges done (landed now or before)
 	queued int64 // edges in the pending chunk
@@ -289,7 +295,7 @@ func (c *chunker) add(v *storage.Version, ops int, edges int64) error {
 			return err
 		}
 	}
-	storage.AppendVersion(c.b, c.e.Scope, v)
+	c.w.Append(c.b, c.e.Scope, v)
 	c.ops += ops
 	c.queued += edges
 	return nil
@@ -307,8 +313,7 @@ func (c *chunker) flush() error {
 	if err != nil {
 		return err
 	}
-	c.b.Close()
-	c.b = c.o.store.NewBatch()
+	c.b.Reset()
 	c.edges += c.queued
 	c.e.SetEdgesDone(c.edges)
 	if c.o.hooks.ChunkApplied != nil {

@@ -142,7 +142,12 @@ func (d *dec) prov(p *Provenance) {
 // EncodeVersion encodes a version record. The intervals come first so that
 // liveness checks can read them without decoding the rest (versionIntervals).
 func EncodeVersion(v *Version) []byte {
-	e := enc{b: make([]byte, 0, 96+len(v.Label)+len(v.Props))}
+	p := &v.Prov
+	return appendVersion(make([]byte, 0, 112+len(v.Label)+len(v.Props)+len(p.Actor)+len(p.Reason)+len(p.Source)+len(p.RequestID)), v)
+}
+
+func appendVersion(dst []byte, v *Version) []byte {
+	e := enc{b: dst}
 	e.byte(FormatVersion)
 	e.byte(byte(v.Kind))
 	var flags byte
@@ -224,8 +229,10 @@ type AdjRow struct {
 }
 
 // EncodeAdj encodes an adjacency row value.
-func EncodeAdj(r *AdjRow) []byte {
-	e := enc{b: make([]byte, 0, 56+len(r.Label))}
+func EncodeAdj(r *AdjRow) []byte { return appendAdj(make([]byte, 0, 56+len(r.Label)), r) }
+
+func appendAdj(dst []byte, r *AdjRow) []byte {
+	e := enc{b: dst}
 	e.byte(FormatVersion)
 	var flags byte
 	if r.Tombstone {

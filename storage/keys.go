@@ -84,6 +84,36 @@ func scopePrefix(space byte, s Scope, extra int) []byte {
 	return appendTenant(b, s)
 }
 
+// The append forms below build keys into a caller's buffer (the batch
+// writers reuse one buffer for every key); the allocating forms call them.
+
+func appendVersionKey(dst []byte, space byte, s Scope, id uuid.UUID, tx, valid Ts) []byte {
+	dst = appendTenant(append(dst, space), s)
+	dst = append(dst, id[:]...)
+	dst = putTs(dst, tx)
+	return putTs(dst, valid)
+}
+
+func appendAdjKey(dst []byte, s Scope, out bool, node, edge uuid.UUID, tx, valid Ts) []byte {
+	space := ksAdjIn
+	if out {
+		space = ksAdjOut
+	}
+	dst = appendTenant(append(dst, space), s)
+	dst = append(dst, node[:]...)
+	dst = append(dst, edge[:]...)
+	dst = putTs(dst, tx)
+	return putTs(dst, valid)
+}
+
+func appendIdxKey(dst []byte, space byte, s Scope, t1 Ts, k Kind, id uuid.UUID, t2 Ts) []byte {
+	dst = appendTenant(append(dst, space), s)
+	dst = putTs(dst, t1)
+	dst = append(dst, byte(k))
+	dst = append(dst, id[:]...)
+	return putTs(dst, t2)
+}
+
 // NodeKey is the key of a node version.
 func NodeKey(s Scope, id uuid.UUID, tx, valid Ts) []byte {
 	return versionKey(ksNode, s, id, tx, valid)
@@ -95,10 +125,7 @@ func EdgeKey(s Scope, id uuid.UUID, tx, valid Ts) []byte {
 }
 
 func versionKey(space byte, s Scope, id uuid.UUID, tx, valid Ts) []byte {
-	b := scopePrefix(space, s, 32)
-	b = append(b, id[:]...)
-	b = putTs(b, tx)
-	return putTs(b, valid)
+	return appendVersionKey(make([]byte, 0, 34+len(s.tenant)), space, s, id, tx, valid)
 }
 
 // VersionPrefix is the prefix of every version of one node or edge.
@@ -119,17 +146,16 @@ func VersionKey(s Scope, k Kind, id uuid.UUID, tx, valid Ts) []byte {
 	return NodeKey(s, id, tx, valid)
 }
 
+func versionSpace(k Kind) byte {
+	if k == KindEdge {
+		return ksEdge
+	}
+	return ksNode
+}
+
 // AdjKey is an adjacency row: out=true keys by src, out=false by dst.
 func AdjKey(s Scope, out bool, node, edge uuid.UUID, tx, valid Ts) []byte {
-	space := ksAdjIn
-	if out {
-		space = ksAdjOut
-	}
-	b := scopePrefix(space, s, 48)
-	b = append(b, node[:]...)
-	b = append(b, edge[:]...)
-	b = putTs(b, tx)
-	return putTs(b, valid)
+	return appendAdjKey(make([]byte, 0, 50+len(s.tenant)), s, out, node, edge, tx, valid)
 }
 
 // AdjPrefix is the prefix of a node's out (or in) adjacency rows.
@@ -144,20 +170,12 @@ func AdjPrefix(s Scope, out bool, node uuid.UUID) []byte {
 
 // ValidIdxKey is a valid_time_index entry.
 func ValidIdxKey(s Scope, valid Ts, k Kind, id uuid.UUID, tx Ts) []byte {
-	b := scopePrefix(ksValidIdx, s, 33)
-	b = putTs(b, valid)
-	b = append(b, byte(k))
-	b = append(b, id[:]...)
-	return putTs(b, tx)
+	return appendIdxKey(make([]byte, 0, 35+len(s.tenant)), ksValidIdx, s, valid, k, id, tx)
 }
 
 // TxIdxKey is a tx_time_index entry.
 func TxIdxKey(s Scope, tx Ts, k Kind, id uuid.UUID, valid Ts) []byte {
-	b := scopePrefix(ksTxIdx, s, 33)
-	b = putTs(b, tx)
-	b = append(b, byte(k))
-	b = append(b, id[:]...)
-	return putTs(b, valid)
+	return appendIdxKey(make([]byte, 0, 35+len(s.tenant)), ksTxIdx, s, tx, k, id, valid)
 }
 
 // IdxRange returns [lower, upper) bounds of the valid-time (validAxis) or

@@ -47,11 +47,11 @@ func (w *winner) live() bool { return w.found && !w.tomb }
 // dead endpoints) and cascade collection look at.
 func Latest(r pebble.Reader, sc Scope, k Kind, id uuid.UUID) (Version, bool, error) {
 	p := VersionPrefix(sc, k, id)
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: PrefixEnd(p)})
+	it, done, err := openIter(r, p, PrefixEnd(p))
 	if err != nil {
-		return Version{}, false, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+		return Version{}, false, err
 	}
-	defer it.Close()
+	defer done()
 	if !it.Last() {
 		if err := it.Error(); err != nil {
 			return Version{}, false, fmt.Errorf("%w: %w", ErrStorage, err)
@@ -82,11 +82,11 @@ func AsOf(r pebble.Reader, sc Scope, k Kind, id uuid.UUID, v, t Ts) (Version, bo
 		// Versions are ordered by tx.start; none with tx.start > t can win.
 		upper = putTs(append([]byte(nil), p...), t+1)
 	}
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: upper})
+	it, done, err := openIter(r, p, upper)
 	if err != nil {
-		return Version{}, false, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+		return Version{}, false, err
 	}
-	defer it.Close()
+	defer done()
 	w := winner{v: v, t: t}
 	// Walk newest first: the first candidate that contains (v, t) wins.
 	for ok := it.Last(); ok; ok = it.Prev() {

@@ -18,13 +18,58 @@ import (
 type Txn struct {
 	s           *Store
 	b           *pebble.Batch
+	r           txnReader
+	it          *pebble.Iterator // lent out by txnReader, reused across reads
+	itBusy      bool
+	w           VersionWriter
 	newTenants  map[string]bool
 	rollbacks   []func()
 	afterCommit []func()
 }
 
 // Reader reads committed state plus this transaction's pending writes.
-func (t *Txn) Reader() pebble.Reader { return t.b }
+func (t *Txn) Reader() pebble.Reader { return t.r }
+
+// txnReader is the transaction's reader: the indexed batch, lending out
+// one iterator that it repositions for each read. SetOptions refreshes the
+// iterator's view of the batch, so every read sees the transaction's
+// writes so far; the committed state it merges with cannot change under it,
+// since Updates are serialised (and a concurrent journal chunk only writes
+// entities that every Update refuses to touch).
+type txnReader struct {
+	*pebble.Batch
+	t *Txn
+}
+
+func (r txnReader) acquire(lo, hi []byte) (*pebble.Iterator, func() error, error) {
+	t := r.t
+	opts := &pebble.IterOptions{LowerBound: lo, UpperBound: hi}
+	if t.itBusy { // a read nested in another read's scan: a fresh iterator
+		it, err := t.b.NewIter(opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+		}
+		return it, it.Close, nil
+	}
+	if t.it == nil {
+		it, err := t.b.NewIter(opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+		}
+		t.it = it
+	} else {
+		t.it.SetOptions(opts)
+	}
+	t.itBusy = true
+	return t.it, func() error { t.itBusy = false; return t.it.Error() }, nil
+}
+
+func (t *Txn) closeIter() {
+	if t.it != nil {
+		_ = t.it.Close()
+		t.it = nil
+	}
+}
 
 // Store returns the store the transaction belongs to.
 func (t *Txn) Store() *Store { return t.s }
@@ -66,13 +111,13 @@ func (t *Txn) touch(sc Scope) {
 
 // Latest returns the latest-recorded version (highest tx.start) of an entity.
 func (t *Txn) Latest(sc Scope, k Kind, id uuid.UUID) (Version, bool, error) {
-	return Latest(t.b, sc, k, id)
+	return Latest(t.r, sc, k, id)
 }
 
 // WriteVersion appends a version's puts (3 for a node, 5 for an edge).
 func (t *Txn) WriteVersion(sc Scope, v *Version) {
 	t.touch(sc)
-	AppendVersion(t.b, sc, v)
+	t.w.Append(t.b, sc, v)
 }
 
 // AppendVersion writes the puts of one version into b: the version record,
@@ -80,16 +125,34 @@ func (t *Txn) WriteVersion(sc Scope, v *Version) {
 // function of (id, tx, valid), so writing the same version twice writes the
 // same bytes.
 func AppendVersion(b *pebble.Batch, sc Scope, v *Version) {
-	_ = b.Set(VersionKey(sc, v.Kind, v.ID, v.Tx.Start, v.Valid.Start), EncodeVersion(v), nil)
+	var w VersionWriter
+	w.Append(b, sc, v)
+}
+
+// VersionWriter writes versions' puts into batches through two scratch
+// buffers it reuses (Set copies into the batch), so a chunk of a
+// super-node cascade costs no allocation per key or value.
+type VersionWriter struct{ k, v []byte }
+
+// Append writes the puts of one version into b (see AppendVersion).
+func (w *VersionWriter) Append(b *pebble.Batch, sc Scope, v *Version) {
+	w.k = appendVersionKey(w.k[:0], versionSpace(v.Kind), sc, v.ID, v.Tx.Start, v.Valid.Start)
+	w.v = appendVersion(w.v[:0], v)
+	_ = b.Set(w.k, w.v, nil)
 	if v.Kind == KindEdge {
-		out := AdjRow{Other: v.Dst, Label: v.Label, Valid: v.Valid, Tx: v.Tx, Tombstone: v.Tombstone}
-		_ = b.Set(AdjKey(sc, true, v.Src, v.ID, v.Tx.Start, v.Valid.Start), EncodeAdj(&out), nil)
-		in := out
-		in.Other = v.Src
-		_ = b.Set(AdjKey(sc, false, v.Dst, v.ID, v.Tx.Start, v.Valid.Start), EncodeAdj(&in), nil)
+		row := AdjRow{Other: v.Dst, Label: v.Label, Valid: v.Valid, Tx: v.Tx, Tombstone: v.Tombstone}
+		w.k = appendAdjKey(w.k[:0], sc, true, v.Src, v.ID, v.Tx.Start, v.Valid.Start)
+		w.v = appendAdj(w.v[:0], &row)
+		_ = b.Set(w.k, w.v, nil)
+		row.Other = v.Src
+		w.k = appendAdjKey(w.k[:0], sc, false, v.Dst, v.ID, v.Tx.Start, v.Valid.Start)
+		w.v = appendAdj(w.v[:0], &row)
+		_ = b.Set(w.k, w.v, nil)
 	}
-	_ = b.Set(ValidIdxKey(sc, v.Valid.Start, v.Kind, v.ID, v.Tx.Start), nil, nil)
-	_ = b.Set(TxIdxKey(sc, v.Tx.Start, v.Kind, v.ID, v.Valid.Start), nil, nil)
+	w.k = appendIdxKey(w.k[:0], ksValidIdx, sc, v.Valid.Start, v.Kind, v.ID, v.Tx.Start)
+	_ = b.Set(w.k, nil, nil)
+	w.k = appendIdxKey(w.k[:0], ksTxIdx, sc, v.Tx.Start, v.Kind, v.ID, v.Valid.Start)
+	_ = b.Set(w.k, nil, nil)
 }
 
 // NodeWrite is a put_node request. ValidFrom/ValidTo of NoTs mean "the
