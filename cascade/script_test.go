@@ -112,7 +112,9 @@ func (s *script) id(name string, k storage.Kind) uuid.UUID {
 	return id
 }
 
-func (s *script) tx(ts storage.Ts) string { return fmt.Sprintf("t%d", int64(ts-storage.TsFromTime(t0))) }
+func (s *script) tx(ts storage.Ts) string {
+	return fmt.Sprintf("t%d", int64(ts-storage.TsFromTime(t0)))
+}
 
 func (s *script) when(v string) storage.Ts {
 	switch v {
