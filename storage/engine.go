@@ -59,13 +59,16 @@ func (c *StallCounter) Stats() (uint64, time.Duration) {
 // nil (the OS filesystem) or a fault-injecting vfs.FS.
 // Sizes of Pebble's memory. Zero fields take the defaults.
 type Sizes struct {
-	// CacheBytes is the block cache. Default 128 MiB: Pebble's own default
+	// CacheBytes is the block cache. Default 64 MiB: Pebble's own default
 	// (8 MiB) misses on almost every receipt and liveness lookup of a busy
-	// worker.
+	// worker; more helps reads little here and counts against the memory
+	// budget of a million-edge cascade.
 	CacheBytes int64
-	// MemTableBytes is one memtable. Default 64 MiB: with Pebble's 4 MiB a
-	// 100k-put chunk of a super-node cascade (about 10 MiB) is flushed on
-	// its own, and small writes flush several times a second.
+	// MemTableBytes is one memtable. Default 32 MiB: with Pebble's 4 MiB a
+	// 100k-put chunk of a super-node cascade (about 10 MiB, over half a
+	// memtable) is flushed on its own and writes stall; at 64 MiB every
+	// lookup's seek through the memtable's skiplist costs more than the
+	// flushes it saves (cmd/bench measured both).
 	MemTableBytes uint64
 }
 
@@ -81,10 +84,10 @@ func tune(opts *pebble.Options, sz Sizes) {
 
 func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), adjust func(*pebble.Options), sizes Sizes) (*PebbleEngine, error) {
 	if sizes.CacheBytes == 0 {
-		sizes.CacheBytes = 128 << 20
+		sizes.CacheBytes = 64 << 20
 	}
 	if sizes.MemTableBytes == 0 {
-		sizes.MemTableBytes = 64 << 20
+		sizes.MemTableBytes = 32 << 20
 	}
 	cache := pebble.NewCache(sizes.CacheBytes)
 	defer cache.Unref() // the DB holds its own reference
