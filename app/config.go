@@ -83,7 +83,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "journal lease TTL: a journal without a heartbeat this long is an orphan")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for in-flight work")
-	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 64, "Pebble block cache")
+	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 128, "Pebble block cache")
 	fs.IntVar(&c.MemTableMB, "pebble-memtable-mb", 32, "Pebble memtable size (two may be in memory at once)")
 	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
 	if err := fs.Parse(args); err != nil {

@@ -59,10 +59,12 @@ func (c *StallCounter) Stats() (uint64, time.Duration) {
 // nil (the OS filesystem) or a fault-injecting vfs.FS.
 // Sizes of Pebble's memory. Zero fields take the defaults.
 type Sizes struct {
-	// CacheBytes is the block cache. Default 64 MiB: Pebble's own default
+	// CacheBytes is the block cache. Default 128 MiB: Pebble's own default
 	// (8 MiB) misses on almost every receipt and liveness lookup of a busy
-	// worker; more helps reads little here and counts against the memory
-	// budget of a million-edge cascade.
+	// worker (cmd/bench, small path: 8 MiB ~4k req/s, 64 MiB ~8k, 128 MiB
+	// ~11.8k, 256 MiB ~12.7k); a million-edge cascade fills it with the
+	// hub's adjacency blocks, so it is part of that cascade's peak RSS
+	// growth (about 220 MB at 128 MiB).
 	CacheBytes int64
 	// MemTableBytes is one memtable. Default 32 MiB: with Pebble's 4 MiB a
 	// 100k-put chunk of a super-node cascade (about 10 MiB, over half a
@@ -84,7 +86,7 @@ func tune(opts *pebble.Options, sz Sizes) {
 
 func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), adjust func(*pebble.Options), sizes Sizes) (*PebbleEngine, error) {
 	if sizes.CacheBytes == 0 {
-		sizes.CacheBytes = 64 << 20
+		sizes.CacheBytes = 128 << 20
 	}
 	if sizes.MemTableBytes == 0 {
 		sizes.MemTableBytes = 32 << 20

@@ -265,7 +265,7 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	counter := &commitCounter{}
 	logs := &logCounter{}
 	cfg, err := app.ParseFlags([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", ns.url},
-		func(string) string { return "" }, io.Discard)
+		os.Getenv, io.Discard) // TELHA_* variables tune the worker under test
 	if err != nil {
 		return err
 	}
