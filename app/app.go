@@ -333,7 +333,13 @@ func (a *App) connect() error {
 		nats.Name("telha-cascade"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { a.log.Warn("nats disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil { // our own close at shutdown
+				a.log.Info("nats connection closed")
+				return
+			}
+			a.log.Warn("nats disconnected", "err", err)
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { a.log.Warn("nats", "err", err) }),
 		// A refused login is retried like any other failure (credentials may
