@@ -273,26 +273,7 @@ func TestE2EWrongPartitionIsDeadLettered(t *testing.T) {
 // cascade_in_flight; the cascade then completes.
 func TestE2ECascadeInFlight(t *testing.T) {
 	ns := testnats.Start(t)
-	hold, release := make(chan struct{}), make(chan struct{})
-	var fault *storage.FaultEngine
-	armed := make(chan int, 1)
-	opts := Options{WrapEngine: func(e storage.Engine) storage.Engine {
-		fault = storage.NewFaultEngine(e)
-		fault.SetInject(func(n int) error {
-			select {
-			case at := <-armed:
-				if n < at {
-					armed <- at
-					return nil
-				}
-				close(hold)
-				<-release
-			default:
-			}
-			return nil
-		})
-		return fault
-	}}
+	hold, opts := newChunkHold()
 	w := startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "20")
 	b := newBus(t, ns)
 	hub, other := uuid.NewString(), uuid.NewString()
@@ -301,9 +282,9 @@ func TestE2ECascadeInFlight(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		mustOK(t, b.wait(b.send("fl", edge(uuid.NewString(), hub, other))))
 	}
-	armed <- fault.Calls() + 2 // the journal's group commit, then hold the first chunk
+	hold.arm() // the journal lands; its first chunk waits
 	id := b.send("fl", tombNode(hub))
-	<-hold
+	<-hold.held
 	var js struct{ Journals []api.Journal }
 	w.get("/v1/journals", &js)
 	if len(js.Journals) != 1 || js.Journals[0].NodeID != hub || js.Journals[0].State != api.JournalApplying || js.Journals[0].EdgesTotal != 6 {
@@ -313,7 +294,7 @@ func TestE2ECascadeInFlight(t *testing.T) {
 	if r.Status != queue.StatusCascadeInFlight || r.TxTime != "" {
 		t.Fatalf("edge write onto a node under an in-flight journal: %+v", r)
 	}
-	close(release)
+	close(hold.release)
 	mustOK(t, b.wait(id))
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
 )
 
 var testLog = func() *slog.Logger {
@@ -296,3 +297,38 @@ func ids(n int) []string {
 }
 
 func asOf(tx string) string { return fmt.Sprintf("?tx=%s", tx) }
+
+// chunkHold holds a journaled cascade between its commit point and its
+// first chunk: arm it, publish the cascade, wait on held, look, release.
+type chunkHold struct {
+	fault   *storage.FaultEngine
+	armed   chan int
+	held    chan struct{}
+	release chan struct{}
+}
+
+// newChunkHold returns the hold and the worker Options that install it.
+func newChunkHold() (*chunkHold, Options) {
+	h := &chunkHold{armed: make(chan int, 1), held: make(chan struct{}), release: make(chan struct{})}
+	return h, Options{WrapEngine: func(e storage.Engine) storage.Engine {
+		h.fault = storage.NewFaultEngine(e)
+		h.fault.SetInject(func(n int) error {
+			select {
+			case at := <-h.armed:
+				if n < at {
+					h.armed <- at
+					return nil
+				}
+				close(h.held)
+				<-h.release
+			default:
+			}
+			return nil
+		})
+		return h.fault
+	}}
+}
+
+// arm holds the second durable call from now: the journal's group commit
+// lands, the first chunk waits.
+func (h *chunkHold) arm() { h.armed <- h.fault.Calls() + 2 }

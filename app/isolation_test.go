@@ -12,7 +12,6 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
-	"github.com/telha/telha-cascade/storage"
 )
 
 // Tenant isolation (DESIGN §2: every key and operation is scoped to one
@@ -285,26 +284,7 @@ func TestTenantIsolation(t *testing.T) {
 // only "a"'s edges.
 func TestTenantIsolationJournalFence(t *testing.T) {
 	ns := testnats.Start(t)
-	hold, release := make(chan struct{}), make(chan struct{})
-	var fault *storage.FaultEngine
-	armed := make(chan int, 1)
-	opts := Options{WrapEngine: func(e storage.Engine) storage.Engine {
-		fault = storage.NewFaultEngine(e)
-		fault.SetInject(func(n int) error {
-			select {
-			case at := <-armed:
-				if n < at {
-					armed <- at
-					return nil
-				}
-				close(hold)
-				<-release
-			default:
-			}
-			return nil
-		})
-		return fault
-	}}
+	hold, opts := newChunkHold()
 	w := startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "20")
 	b := newBus(t, ns)
 	hub, other := uuid.NewString(), uuid.NewString()
@@ -320,9 +300,9 @@ func TestTenantIsolationJournalFence(t *testing.T) {
 			mustOK(t, b.wait(b.send(tn, edge(e, hub, other))))
 		}
 	}
-	armed <- fault.Calls() + 2 // the journal's group commit lands; hold the first chunk
+	hold.arm() // the journal lands; its first chunk waits
 	id := b.send("a", tombNode(hub))
-	<-hold
+	<-hold.held
 	var js struct{ Journals []api.Journal }
 	w.get("/v1/journals", &js)
 	if len(js.Journals) != 1 || js.Journals[0].Tenant != "a" || js.Journals[0].NodeID != hub {
@@ -334,7 +314,7 @@ func TestTenantIsolationJournalFence(t *testing.T) {
 	lateAB := uuid.NewString()
 	mustOK(t, b.wait(b.send("ab", edge(lateAB, other, hub))))
 	mustOK(t, b.wait(b.send("ab", node(hub)))) // a new version of ab's hub
-	close(release)
+	close(hold.release)
 	if r := mustOK(t, b.wait(id)); !r.Journaled || r.EdgesTombstoned != 5 {
 		t.Fatalf("held cascade: %+v", r)
 	}

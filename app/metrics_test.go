@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
-	"github.com/telha/telha-cascade/storage"
 )
 
 // Every family the dashboards and alerts rely on.
@@ -80,26 +79,7 @@ func TestFreshWorkerExposesEveryFamily(t *testing.T) {
 
 func TestMetricsAfterRealOperations(t *testing.T) {
 	ns := testnats.Start(t)
-	hold, release := make(chan struct{}), make(chan struct{})
-	var fault *storage.FaultEngine
-	armed := make(chan int, 1)
-	opts := Options{WrapEngine: func(e storage.Engine) storage.Engine {
-		fault = storage.NewFaultEngine(e)
-		fault.SetInject(func(n int) error {
-			select {
-			case at := <-armed:
-				if n < at {
-					armed <- at
-					return nil
-				}
-				close(hold)
-				<-release
-			default:
-			}
-			return nil
-		})
-		return fault
-	}}
+	hold, opts := newChunkHold()
 	w := startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "20")
 	b := newBus(t, ns)
 	m := w.app.Metrics()
@@ -120,13 +100,13 @@ func TestMetricsAfterRealOperations(t *testing.T) {
 	b.sendRaw("telha.req.m", []byte(`{"request_id":"tm","op":"put_node","tenant":"x","id":"`+uuid.NewString()+`"}`), "g2")
 
 	// A journaled cascade held between its commit point and first chunk.
-	armed <- fault.Calls() + 2
+	hold.arm() // the journal lands; its first chunk waits
 	id := b.send("m", tombNode(hub))
-	<-hold
+	<-hold.held
 	if got := metricValue(t, w, "telha_journals_inflight"); got != 1 {
 		t.Fatalf("journals in flight during the cascade: %v, want 1", got)
 	}
-	close(release)
+	close(hold.release)
 	r := mustOK(t, b.wait(id))
 	testnats.Eventually(t, 5*time.Second, "journal gauge back to 0", func() bool {
 		return metricValue(t, w, "telha_journals_inflight") == 0
