@@ -427,11 +427,18 @@ func tlsConfig(c Config) (*tls.Config, error) {
 func (a *App) provision(ctx context.Context) error {
 	delay := 500 * time.Millisecond
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := a.worker.Provision(pctx)
-		cancel()
-		if err == nil {
-			return nil
+		var err error
+		if a.nc.IsConnected() {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = a.worker.Provision(pctx)
+			cancel()
+			if err == nil {
+				return nil
+			}
+		} else {
+			// Not connected (yet): a JetStream call would only wait for its
+			// timeout; the connection attempts log their own causes.
+			err = errors.New("nats: not connected")
 		}
 		if errors.Is(err, queue.ErrPartitionsChanged) {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
