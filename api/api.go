@@ -92,9 +92,9 @@ type params struct {
 	v, t  storage.Ts
 }
 
-// Params parses {t}, {id}, valid and tx. valid defaults to now; tx to the
-// latest state (the later of now and the last transaction time, so a read
-// right after a write sees it even if the clock stepped back).
+// Params parses {t}, {id}, valid and tx. Both default to the store's now:
+// the later of the wall clock and the last transaction time, so a read
+// right after a write sees it even if tx times ran ahead of the wall clock.
 func (s *Server) params(r *http.Request) (params, error) {
 	var p params
 	sc, err := storage.NewScope(r.PathValue("t"))
@@ -110,8 +110,12 @@ func (s *Server) params(r *http.Request) (params, error) {
 			return p, bad("id %q is not a UUID", raw)
 		}
 	}
-	now := storage.TsFromTime(s.opts.Now())
-	p.v, p.t = now, max(now, s.store.Clock().Last())
+	// "Now" is the store's now: the later of the wall clock and the last
+	// transaction time. Under a burst, tx times run a little ahead of the
+	// wall clock (max(now, last+1)), and a delete whose valid_end defaulted
+	// to its tx must read deleted right after its result arrives.
+	now := max(storage.TsFromTime(s.opts.Now()), s.store.Clock().Last())
+	p.v, p.t = now, now
 	q := r.URL.Query()
 	for _, f := range []struct {
 		name string
