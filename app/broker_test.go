@@ -86,14 +86,24 @@ func checkExactlyOnce(t *testing.T, w *running, b *bus, tenant string, reqs map[
 	for req := range reqs {
 		b.wait(req)
 	}
-	stored := readStream[queue.Result](t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.Tenant == tenant })
+	// A subscriber sees a result as the server routes it, a moment before
+	// the stream has stored it: wait until every result is stored.
 	count := map[string]int{}
-	for _, r := range stored {
-		count[r.RequestID]++
-		if r.Status != queue.StatusOK {
-			t.Fatalf("result %+v", r)
+	testnats.Eventually(t, 10*time.Second, "every result stored in TELHA_RES", func() bool {
+		count = map[string]int{}
+		for _, r := range readStream[queue.Result](t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.Tenant == tenant }) {
+			count[r.RequestID]++
+			if r.Status != queue.StatusOK {
+				t.Fatalf("result %+v", r)
+			}
 		}
-	}
+		for req := range reqs {
+			if count[req] == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	for req, n := range reqs {
 		if count[req] != 1 {
 			t.Fatalf("request %s has %d stored results, want 1", req, count[req])

@@ -203,9 +203,19 @@ func (b *bus) waitN(id string, n int) []queue.Result {
 
 // storedResults reads every result of a request id from TELHA_RES (what
 // the stream kept, after Nats-Msg-Id deduplication).
+// A subscriber sees a result a moment before the stream has stored it, so
+// this waits (up to 10 s) for at least one stored result.
 func (b *bus) storedResults(id string) []queue.Result {
 	b.t.Helper()
-	return readStream[queue.Result](b.t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.RequestID == id })
+	var out []queue.Result
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out = readStream[queue.Result](b.t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.RequestID == id })
+		if len(out) > 0 || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 type dlqMsg struct {
