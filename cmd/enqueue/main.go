@@ -1,16 +1,3 @@
-// Command enqueue publishes telha-cascade requests to NATS JetStream and,
-// with --wait, prints each request's result (one JSON line per request) and
-// exits non-zero if any result is not "ok".
-//
-//	enqueue [global flags] put-node       --tenant T [--id UUID] [--valid-from T] [--valid-to T] [--props JSON]
-//	enqueue [global flags] put-edge       --tenant T --src UUID --dst UUID [--label L] [--id UUID] ...
-//	enqueue [global flags] tombstone-node --tenant T --id UUID [--valid-end T]
-//	enqueue [global flags] tombstone-edge --tenant T --id UUID [--valid-end T]
-//	enqueue [global flags] file [PATH|-]  (JSON lines, one request object per line)
-//	enqueue [global flags] demo [--tenant demo] [--people N] [--hub-edges N]
-//
-// Exit status: 0 all ok (or published, without --wait), 1 a result was not
-// ok or did not arrive in time, 2 bad usage.
 package main
 
 import (

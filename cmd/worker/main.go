@@ -1,11 +1,3 @@
-// Command worker is telha-cascade's worker: it consumes delete and write
-// requests from NATS JetStream and applies them to its Pebble store.
-//
-// With no flags it runs on its embedded default: a NATS JetStream server on
-// 127.0.0.1:4222 storing under ./data/nats, Pebble under ./data/pebble, and
-// HTTP (metrics, health, read API) on :8080. Every flag also reads from an
-// environment variable: TELHA_ + the flag name in upper case, "-" as "_".
-// Run with -h for the flags. Bad flags exit 2; SIGTERM drains and exits 0.
 package main
 
 import (

@@ -1,6 +1,3 @@
-// Package testnats starts real embedded NATS JetStream servers for tests
-// (store in a temp dir) and offers small polling helpers. It is test
-// support only; no production code imports it.
 package testnats
 
 import (
