@@ -175,9 +175,6 @@ type Outcome struct {
 	Done      <-chan error
 }
 
-// ErrGroupTooLarge is never returned: Apply splits groups whose pending
-// writes outgrow MaxBatchOps into several transactions.
-
 // Apply applies reqs in order with group commit: as many as fit in one
 // transaction of about MaxBatchOps puts share one durable batch (receipts
 // included). Each request sees the effects of the ones before it exactly as

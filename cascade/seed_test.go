@@ -158,8 +158,6 @@ func TestEdgeTombstonedAfterValidEndIsNarrowed(t *testing.T) {
 	if _, err := e.ops.TombstoneEdge(ctx, sc, id, year(2028), anon); err != nil {
 		t.Fatal(err)
 	}
-	before := e.clock.Now()
-	_ = before
 	tBefore := e.store.Clock().Last()
 	rc, err := e.ops.TombstoneNode(ctx, sc, n, year(2025), anon)
 	if err != nil {

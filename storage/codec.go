@@ -84,20 +84,27 @@ func (d *dec) uvar() uint64 {
 	return v
 }
 
-func (d *dec) bytes() []byte {
+// field returns a length-prefixed field without copying it.
+func (d *dec) field() []byte {
 	n := d.uvar()
 	if d.err == nil && n > maxFieldLen {
 		d.fail("field length %d over limit", n)
 		return nil
 	}
-	p := d.take(int(n))
+	return d.take(int(n))
+}
+
+func (d *dec) bytes() []byte {
+	p := d.field()
 	if p == nil {
 		return nil
 	}
 	return append([]byte(nil), p...)
 }
 
-func (d *dec) str() string { return string(d.bytes()) }
+// str copies once (string conversion), not twice: adjacency rows are
+// decoded once per edge of a super-node cascade, twice over.
+func (d *dec) str() string { return string(d.field()) }
 
 func (d *dec) uuid() uuid.UUID {
 	var u uuid.UUID

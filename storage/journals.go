@@ -214,12 +214,15 @@ func (r *Journals) remove(e *JournalEntry) {
 	delete(r.byKey, string(e.HeadKey))
 }
 
-func (r *Journals) addPoison(p *PoisonJournal) {
+// addPoison records an undecodable head; it reports whether it is new.
+func (r *Journals) addPoison(p *PoisonJournal) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.poison[string(p.HeadKey)]; !ok {
-		r.poison[string(p.HeadKey)] = p
+	if _, ok := r.poison[string(p.HeadKey)]; ok {
+		return false
 	}
+	r.poison[string(p.HeadKey)] = p
+	return true
 }
 
 // List returns every journal entry, oldest first.

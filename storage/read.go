@@ -162,23 +162,18 @@ type AdjEdge struct {
 // the edge's latest-recorded adjacency row (highest tx.start). Cascade
 // collection uses it: it reads only the node's adjacency rows, in key order.
 func ScanAdjLatest(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(AdjEdge) error) error {
-	return scanAdjGroups(r, sc, out, node, func(id uuid.UUID, rows []adjCand) error {
-		last := rows[len(rows)-1]
-		return fn(AdjEdge{ID: id, Out: out, Row: last.row})
+	return scanAdjGroups(r, sc, out, node, func(id uuid.UUID, rows []AdjRow) error {
+		return fn(AdjEdge{ID: id, Out: out, Row: rows[len(rows)-1]})
 	})
-}
-
-type adjCand struct {
-	row AdjRow
 }
 
 // scanAdjGroups calls fn once per edge id with all of its rows under node in
 // ascending (tx, valid) order.
-func scanAdjGroups(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(uuid.UUID, []adjCand) error) error {
+func scanAdjGroups(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(uuid.UUID, []AdjRow) error) error {
 	p := AdjPrefix(sc, out, node)
 	var (
 		cur   uuid.UUID
-		rows  []adjCand
+		rows  []AdjRow
 		idOff = len(p)
 	)
 	flush := func() error {
@@ -205,7 +200,7 @@ func scanAdjGroups(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(
 		if err != nil {
 			return fmt.Errorf("key %x: %w", key, err)
 		}
-		rows = append(rows, adjCand{row: row})
+		rows = append(rows, row)
 		return nil
 	})
 	if err != nil {
@@ -225,10 +220,10 @@ func EdgesOf(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts) 
 		if (o && dir&DirOut == 0) || (!o && dir&DirIn == 0) {
 			continue
 		}
-		err := scanAdjGroups(r, sc, o, node, func(id uuid.UUID, rows []adjCand) error {
+		err := scanAdjGroups(r, sc, o, node, func(id uuid.UUID, rows []AdjRow) error {
 			w := winner{v: v, t: t}
 			for _, c := range rows {
-				w.offer(c.row.Valid, c.row.Tx, c.row.Tombstone)
+				w.offer(c.Valid, c.Tx, c.Tombstone)
 			}
 			if !w.live() || seen[id] {
 				return nil

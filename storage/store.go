@@ -247,20 +247,14 @@ func (s *Store) loadJournals() error {
 // registered yet (a head that fails to decode is recorded as poison). The
 // store calls it at open; the reaper calls it on each pass.
 func (s *Store) LoadJournals(sc Scope) error {
-	lo, hi := JobsInState(sc, CascadeJournalState)
-	return scan(s.eng, lo, hi, func(k, v []byte) error {
-		if s.journals.ByKey(k) != nil {
-			return nil
+	var cursor []byte
+	for {
+		_, _, next, err := s.JournalHeads(sc, cursor, 1024)
+		if err != nil || next == nil {
+			return err
 		}
-		e, err := journalEntry(sc, k, v)
-		if err != nil {
-			s.journals.addPoison(&PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: err.Error(), Seen: s.clock.Wall().Now()})
-			s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", err)
-			return nil
-		}
-		s.journals.add(e)
-		return nil
-	})
+		cursor = next
+	}
 }
 
 // JournalHeads pages through a tenant's journal heads in key order (by
@@ -289,9 +283,10 @@ func (s *Store) JournalHeads(sc Scope, after []byte, limit int) (page []*Journal
 		e, derr := journalEntry(sc, k, v)
 		if derr != nil {
 			p := &PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: derr.Error(), Seen: s.clock.Wall().Now()}
-			s.journals.addPoison(p)
+			if s.journals.addPoison(p) {
+				s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", derr)
+			}
 			poison = append(poison, p)
-			s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", derr)
 			return nil
 		}
 		s.journals.add(e)

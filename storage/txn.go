@@ -20,6 +20,7 @@ type Txn struct {
 	b           *pebble.Batch
 	r           txnReader
 	it          *pebble.Iterator // lent out by txnReader, reused across reads
+	itOpts      pebble.IterOptions
 	itBusy      bool
 	w           VersionWriter
 	newTenants  map[string]bool
@@ -43,22 +44,22 @@ type txnReader struct {
 
 func (r txnReader) acquire(lo, hi []byte) (*pebble.Iterator, func() error, error) {
 	t := r.t
-	opts := &pebble.IterOptions{LowerBound: lo, UpperBound: hi}
 	if t.itBusy { // a read nested in another read's scan: a fresh iterator
-		it, err := t.b.NewIter(opts)
+		it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
 		}
 		return it, it.Close, nil
 	}
+	t.itOpts = pebble.IterOptions{LowerBound: lo, UpperBound: hi} // reused: no allocation per read
 	if t.it == nil {
-		it, err := t.b.NewIter(opts)
+		it, err := t.b.NewIter(&t.itOpts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
 		}
 		t.it = it
 	} else {
-		t.it.SetOptions(opts)
+		t.it.SetOptions(&t.itOpts)
 	}
 	t.itBusy = true
 	return t.it, func() error { t.itBusy = false; return t.it.Error() }, nil
