@@ -118,7 +118,13 @@ type bus struct {
 
 func newBus(t testing.TB, ns *testnats.Server) *bus {
 	t.Helper()
-	nc := testnats.Connect(t, ns.ClientURL())
+	return newBusWith(t, ns.ClientURL())
+}
+
+// newBusWith is newBus for a server that needs client options (auth, TLS).
+func newBusWith(t testing.TB, url string, opts ...nats.Option) *bus {
+	t.Helper()
+	nc := testnats.Connect(t, url, opts...)
 	c, err := queue.NewClient(nc, queue.Config{})
 	if err != nil {
 		t.Fatal(err)

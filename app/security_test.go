@@ -32,7 +32,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/telha/telha-cascade/internal/testnats"
-	"github.com/telha/telha-cascade/queue"
 )
 
 // Security of the worker's edges: NATS auth (user/password, creds file,
@@ -174,36 +173,6 @@ func httpGet(t *testing.T, u string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-// newBusWith is newBus for a server that needs client options (auth, TLS).
-func newBusWith(t *testing.T, url string, opts ...nats.Option) *bus {
-	t.Helper()
-	nc := testnats.Connect(t, url, opts...)
-	c, err := queue.NewClient(nc, queue.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bus{t: t, nc: nc, js: c.JetStream(), client: c, results: map[string][]queue.Result{}, changed: make(chan struct{})}
-	b.sub, err = nc.Subscribe("telha.res.*", func(m *nats.Msg) {
-		var r queue.Result
-		if err := json.Unmarshal(m.Data, &r); err != nil {
-			t.Errorf("undecodable result %q", m.Data)
-			return
-		}
-		b.mu.Lock()
-		b.results[r.RequestID] = append(b.results[r.RequestID], r)
-		close(b.changed)
-		b.changed = make(chan struct{})
-		b.mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // roundTrip sends a put_node through the worker and reads it back over HTTP.

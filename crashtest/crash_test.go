@@ -437,12 +437,22 @@ func TestCrashKillRestart(t *testing.T) {
 	if msg := waitDrained(ctx, h.js, runner); msg != "" {
 		t.Fatal(msg)
 	}
-	time.Sleep(300 * time.Millisecond) // results of the last acks
 	t.Logf("drained %s after the last publish", time.Since(drainStart).Round(time.Millisecond))
 
-	stored, err := readResults(ctx, h.js)
-	if err != nil {
-		t.Fatalf("reading TELHA_RES: %v", err)
+	// A subscriber sees a result a moment before TELHA_RES has stored it:
+	// poll (with a deadline) until every result the subscription saw is
+	// stored, instead of sleeping.
+	var stored map[string][]queue.Result
+	storeDeadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if stored, err = readResults(ctx, h.js); err != nil {
+			t.Fatalf("reading TELHA_RES: %v", err)
+		}
+		if h.allStored(stored) || time.Now().After(storeDeadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	dlq, err := readDeadLetters(ctx, h.js)
 	if err != nil {
@@ -629,6 +639,19 @@ func drainState(ctx context.Context, js jetstream.JetStream, runner *workerRunne
 
 // readResults reads every result TELHA_RES kept (after Nats-Msg-Id dedup):
 // the first per request id.
+// allStored reports whether every request id the result subscription saw
+// has a result stored in TELHA_RES.
+func (h *harness) allStored(stored map[string][]queue.Result) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id := range h.results {
+		if len(stored[id]) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func readResults(ctx context.Context, js jetstream.JetStream) (map[string][]queue.Result, error) {
 	s, err := js.Stream(ctx, "TELHA_RES")
 	if err != nil {

@@ -3,7 +3,6 @@ package reaper
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -138,7 +137,6 @@ func TestScheduledPassResumesOrphans(t *testing.T) {
 	r := newReaper(t, w, Config{Schedule: "@every 1s", OnRun: func(res RunResult) { runs <- res }})
 	r.Start(ctx)
 	h := w.hub(5) // written while the reaper runs
-	_ = h
 	// Leave an orphan without restarting the process: the applier fails and
 	// releases its lease; the scheduled pass picks it up after the backoff.
 	w.fault.CrashAfter(w.fault.Calls() + 1)
@@ -270,7 +268,6 @@ func TestPoisonJournalDoesNotStopTheOthers(t *testing.T) {
 	if fails, last := e.Failures(); fails != 2 || last == "" {
 		t.Fatalf("failing journal: %d failures, last error %q", fails, last)
 	}
-	_ = fmt.Sprint
 }
 
 func TestBadScheduleIsRejected(t *testing.T) {
