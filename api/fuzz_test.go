@@ -30,7 +30,6 @@ func FuzzReadAPIParams(f *testing.F) {
 	}
 	ops := cascade.New(st, cascade.Options{Logger: quiet})
 	f.Cleanup(func() {
-		ops.Close()
 		_ = st.Close()
 	})
 	// A small graph in tenant "acme" (and "a", a prefix of it): a node with

@@ -42,8 +42,11 @@ type Options struct {
 	WrapEngine func(storage.Engine) storage.Engine
 	// DiskFree replaces the statfs of the disk-space guard.
 	DiskFree func() (uint64, error)
-	// OnFatal replaces the exit on a fatal storage error.
-	OnFatal func(string)
+	// CascadeHooks, when set, are called after the worker's own (tests:
+	// cascade.Hooks.JournalStep holds a journal between two durable steps).
+	CascadeHooks cascade.Hooks
+	// ReaperHooks, when set, are called after the worker's own (tests).
+	ReaperHooks reaper.Hooks
 }
 
 // App is a running worker.
@@ -56,7 +59,7 @@ type App struct {
 	ns      *server.Server
 	nc      *nats.Conn
 	worker  *queue.Worker
-	reaper  *reaper.Reaper
+	reaper  *reaper.Service
 
 	httpLn, apiLn net.Listener
 	servers       []*http.Server
@@ -134,17 +137,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			err = cerr
 		}
 	}()
-	a.metrics = metrics.New(Build)
+	a.metrics = metrics.New(Build, metrics.Labels{
+		Ops: opNames(), Statuses: queue.Statuses(), DeadLetterReasons: queue.DeadLetterReasons(),
+		Paths: []string{string(cascade.PathInline), string(cascade.PathJournaled)},
+	})
 
 	// HTTP first: /healthz answers while a long startup resume runs.
 	if err := a.listen(); err != nil {
 		return err
 	}
 
-	var worker atomic.Pointer[queue.Worker]
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
-		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree, OnFatal: opts.OnFatal,
+		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
 		Sizes: storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20},
 	})
 	if err != nil {
@@ -152,59 +157,66 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	a.store = st
 	a.storeOpen.Store(true)
+	// A fatal storage error ends Run with storage.ErrFatal at once: Pebble
+	// can commit nothing more, so there is nothing to drain.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-st.Fatal():
+			cancel(st.FatalErr())
+		case <-ctx.Done():
+		}
+	}()
 	for _, fn := range a.onStoreOpen {
 		fn()
 	}
-	a.ops = cascade.New(st, cascade.Options{
-		MaxBatchOps: cfg.MaxBatchOps,
-		LeaseTTL:    cfg.LeaseTTL,
-		Logger:      log,
-		Hooks: a.metrics.CascadeHooks(cascade.Hooks{
-			JournalDone: func(*storage.JournalEntry, storage.Receipt) {
-				if w := worker.Load(); w != nil {
-					w.KickOutbox()
-				}
-			},
-		}),
-	})
-	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(), "max_batch_ops", a.ops.MaxBatchOps())
 
 	if err := a.connect(); err != nil {
 		return err
 	}
-	w, err := queue.New(a.nc, a.ops, queue.Config{
+	qcfg := queue.Config{
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
 		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, StreamReplicas: cfg.StreamReplicas,
-	}, a.metrics.QueueHooks(), log)
+	}
+	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {
 		return err
 	}
-	a.worker = w
-	worker.Store(w)
-	a.metrics.AttachState(st, a.journalView, w.Stats)
-
-	if err := a.provision(ctx); err != nil {
-		return err
-	}
-	rp, err := reaper.New(a.ops, reaper.Config{Schedule: cfg.ReaperSchedule, Clock: opts.Clock, Logger: log, OnRun: a.onReaperRun})
+	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.cascadeHooks(opts.CascadeHooks)}
+	rp, err := reaper.New(st, reaper.Config{
+		Applier: cascade.NewApplier(st, copts), Publisher: pub, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
+		Clock: opts.Clock, Logger: log, Hooks: a.reaperHooks(opts.ReaperHooks),
+	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	a.reaper = rp
+	copts.Journals = rp
+	a.ops = cascade.New(st, copts)
+	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(),
+		"max_batch_ops", a.ops.MaxBatchOps(), "chunk_ops", a.ops.ChunkOps())
 
-	// Startup pass: every orphaned journal is resumed before a single
-	// message is consumed, and the results of finished ones published.
+	w, err := queue.New(a.nc, a.ops, qcfg, queue.Hooks{Result: a.metrics.Request, Acked: a.metrics.Acked, DeadLetter: a.metrics.DeadLetter}, log)
+	if err != nil {
+		return err
+	}
+	a.worker = w
+	a.metrics.AttachState(a.metricsState())
+
+	if err := a.provision(ctx); err != nil {
+		return err
+	}
+
+	// Startup pass: every journal a previous process left is resumed before
+	// a single message is consumed, and the results of finished ones
+	// published.
 	res := rp.RunOnce(ctx)
 	if ctx.Err() != nil {
-		return nil
+		return fatalOrNil(ctx)
 	}
-	log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "took", res.Took)
-	if n, err := w.PublishOutbox(ctx); err != nil {
-		log.Warn("publishing pending results at startup", "err", err)
-	} else if n > 0 {
-		log.Info("published pending results of finished cascades", "results", n)
-	}
-	rp.Start(ctx)
+	log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "published", res.Published, "took", res.Took)
+	rp.Start()
 
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(context.Background())
@@ -217,42 +229,127 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if opts.OnReady != nil {
 		opts.OnReady(a)
 	}
-	if err := w.Run(ctx); err != nil {
-		return err
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-st.Fatal():
+		// The worker may be parked on the writer for good: do not wait.
+		return st.FatalErr()
 	}
 	log.Info("stopped consuming; shutting down")
 	return nil
 }
 
-func (a *App) journalView() (int, time.Duration, int) {
-	js := api.Journals(a.store, time.Now())
-	n, poison := 0, 0
-	var oldest time.Duration
-	for _, j := range js {
-		if j.State == api.JournalPoison {
-			poison++
-			continue
-		}
-		n++
-		if j.Failures >= 5 {
-			poison++
-		}
-		oldest = max(oldest, time.Duration(j.AgeSeconds*float64(time.Second)))
+// fatalOrNil returns the fatal storage error that ended ctx, if that is
+// what ended it.
+func fatalOrNil(ctx context.Context) error {
+	if err := context.Cause(ctx); errors.Is(err, storage.ErrFatal) {
+		return err
 	}
-	return n, oldest, poison
+	return nil
 }
 
-func (a *App) onReaperRun(res reaper.RunResult) {
-	switch {
-	case res.Skipped:
-		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperSkipped).Inc()
-	case res.Err != nil:
-		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperError).Inc()
-	default:
-		a.metrics.ReaperRuns.WithLabelValues(metrics.ReaperOK).Inc()
-		a.metrics.ReaperLastSuccess.SetToCurrentTime()
+func opNames() []string {
+	var out []string
+	for _, o := range storage.Ops() {
+		out = append(out, o.String())
 	}
-	a.metrics.ReaperResumed.Add(float64(res.Resumed))
+	return out
+}
+
+func (a *App) cascadeHooks(next cascade.Hooks) cascade.Hooks {
+	return cascade.Hooks{
+		CascadeFinished: func(p cascade.Path, edges uint64, took time.Duration) {
+			a.metrics.Cascade(string(p), edges)
+			if next.CascadeFinished != nil {
+				next.CascadeFinished(p, edges, took)
+			}
+		},
+		ChunkApplied: func(ops int) {
+			a.metrics.Chunk()
+			if next.ChunkApplied != nil {
+				next.ChunkApplied(ops)
+			}
+		},
+		JournalStep: next.JournalStep,
+	}
+}
+
+func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
+	return reaper.Hooks{
+		Run: func(res reaper.RunResult) {
+			switch {
+			case res.Skipped:
+				a.metrics.ReaperRun(metrics.ReaperSkipped, 0)
+			case res.Err != nil:
+				a.metrics.ReaperRun(metrics.ReaperError, res.Resumed)
+			default:
+				a.metrics.ReaperRun(metrics.ReaperOK, res.Resumed)
+			}
+			if next.Run != nil {
+				next.Run(res)
+			}
+		},
+		Finished: next.Finished,
+		Published: func(tenant string, rc storage.Receipt) {
+			a.metrics.Request(rc.Op.String(), rc.Status.String())
+			if next.Published != nil {
+				next.Published(tenant, rc)
+			}
+		},
+	}
+}
+
+// metricsState gives the scrape-time gauges their sources.
+func (a *App) metricsState() metrics.State {
+	return metrics.State{
+		Journals: func() metrics.JournalSummary {
+			s := a.reaper.Summarize()
+			return metrics.JournalSummary{InFlight: s.InFlight, Oldest: s.Oldest, Poison: s.Poison}
+		},
+		Queue: func() metrics.QueueStats {
+			s := a.worker.Stats()
+			if s == nil {
+				return metrics.QueueStats{}
+			}
+			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true}
+		},
+		DiskFree: a.store.DiskFree,
+		Pebble: func() metrics.PebbleStats {
+			pm := a.store.Engine().Metrics()
+			n, d := a.store.WriteStalls()
+			return metrics.PebbleStats{CompactionDebt: pm.Compact.EstimatedDebt, L0Files: pm.Levels[0].TablesCount,
+				L0Sublevels: pm.Levels[0].Sublevels, DiskBytes: pm.DiskSpaceUsage(), Stalls: n, StallTime: d}
+		},
+	}
+}
+
+// journals is /v1/journals, from the journals' owner.
+func (a *App) journals() []api.Journal {
+	out := []api.Journal{}
+	if a.reaper == nil {
+		return out
+	}
+	for _, st := range a.reaper.Journals() {
+		j := api.Journal{Tenant: st.Scope.Tenant(), RequestID: st.RequestID, EdgesDone: st.EdgesDone, AgeSeconds: st.Age.Seconds(),
+			State: string(st.State), Failures: st.Failures, LastError: st.LastError, Key: st.Key}
+		if st.State != reaper.StatePoison {
+			tx, ve := st.Tx.Time().Format(storage.TimeLayout), st.ValidEnd.Time().Format(storage.TimeLayout)
+			j.NodeID, j.TxTime, j.ValidEnd = st.NodeID.String(), &tx, &ve
+		}
+		if st.EdgesTotal > 0 {
+			j.EdgesTotal = uint64(st.EdgesTotal)
+		}
+		if st.State == reaper.StateWaiting {
+			j.WaitingFor = st.WaitingFor.String()
+		}
+		out = append(out, j)
+	}
+	return out
 }
 
 func (a *App) refreshStats(ctx context.Context) {
@@ -295,7 +392,7 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 	early := api.Handler(nil, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health})
 	var full atomic.Pointer[http.Handler]
 	a.onStoreOpen = append(a.onStoreOpen, func() {
-		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log})
+		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log, Journals: a.journals})
 		full.Store(&h)
 	})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -458,16 +555,11 @@ func (a *App) provision(ctx context.Context) error {
 
 func (a *App) close() error {
 	var errs []error
-	if a.reaper != nil {
+	fatal := a.store != nil && a.store.FatalErr() != nil
+	if a.reaper != nil && !fatal {
+		// Appliers stop between chunks; their journals stay durable. The
+		// outbox is published one last time.
 		a.reaper.Stop()
-	}
-	if a.ops != nil {
-		a.ops.Close()
-	}
-	if a.worker != nil && a.nc != nil && a.nc.IsConnected() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _ = a.worker.PublishOutbox(ctx)
-		cancel()
 	}
 	for _, srv := range a.servers {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -483,7 +575,7 @@ func (a *App) close() error {
 		}
 		a.nc.Close()
 	}
-	if a.store != nil {
+	if a.store != nil && !fatal {
 		if err := a.store.Close(); err != nil {
 			errs = append(errs, err)
 		}

@@ -31,6 +31,7 @@ type Config struct {
 	PartitionOwner string
 	Owner          queue.Owner
 	MaxBatchOps    int
+	ChunkOps       int
 	ReaperSchedule string
 	LogFormat      string
 	LogLevel       string
@@ -72,6 +73,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.Partitions, "partitions", 1, "partition count P of the request stream (fixed at install)")
 	fs.StringVar(&c.PartitionOwner, "partition-owner", "0/1", "i/N: own partitions p with p % N == i; auto/N reads i from the pod name")
 	fs.IntVar(&c.MaxBatchOps, "max-batch-ops", cascade.DefaultMaxBatchOps, "inline vs journaled threshold and chunk size (floored at 7)")
+	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, "puts per durable chunk of a journaled cascade (0: --max-batch-ops; never more)")
 	fs.StringVar(&c.ReaperSchedule, "reaper-schedule", "@every 30s", "cron spec of the reaper")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -81,7 +83,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "consumer AckWait")
 	fs.DurationVar(&c.ResultsMaxAge, "results-max-age", 24*time.Hour, "how long TELHA_RES keeps results")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "journal lease TTL: a journal without a heartbeat this long is an orphan")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "a journal applier that makes no progress this long is abandoned and retried")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for in-flight work")
 	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 128, "Pebble block cache")
 	fs.IntVar(&c.MemTableMB, "pebble-memtable-mb", 32, "Pebble memtable size (two may be in memory at once)")
@@ -139,6 +141,12 @@ func (c *Config) validate() []error {
 	c.Owner = owner
 	if c.MaxBatchOps < 1 {
 		bad("--max-batch-ops must be positive, got %d", c.MaxBatchOps)
+	}
+	if c.ChunkOps < 0 {
+		bad("--journal-chunk-ops must not be negative, got %d", c.ChunkOps)
+	}
+	if c.LeaseTTL <= 0 {
+		bad("--lease-ttl must be positive, got %s", c.LeaseTTL)
 	}
 	if _, err := reaper.ParseSchedule(c.ReaperSchedule); err != nil {
 		bad("--reaper-schedule %q: %v", c.ReaperSchedule, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/reaper"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -293,7 +294,7 @@ func TestE2ECascadeInFlight(t *testing.T) {
 	<-hold.held
 	var js struct{ Journals []api.Journal }
 	w.get("/v1/journals", &js)
-	if len(js.Journals) != 1 || js.Journals[0].NodeID != hub || js.Journals[0].State != api.JournalApplying || js.Journals[0].EdgesTotal != 6 {
+	if len(js.Journals) != 1 || js.Journals[0].NodeID != hub || js.Journals[0].State != string(reaper.StateApplying) || js.Journals[0].EdgesTotal != 6 {
 		t.Fatalf("journals while applying: %+v", js.Journals)
 	}
 	r := b.wait(b.send("fl", edge(uuid.NewString(), other, hub)))
@@ -339,8 +340,9 @@ func TestE2ERestartMidJournal(t *testing.T) {
 	failFrom <- fault.Calls() + 3 // journal, first chunk land; the rest fail
 	id := b.send("rs", tombNode(hub))
 	testnats.Eventually(t, 10*time.Second, "journal failing", func() bool {
-		js := api.Journals(w.app.Store(), time.Now())
-		return len(js) == 1 && js[0].Failures > 0 && js[0].EdgesDone > 0
+		var js struct{ Journals []api.Journal }
+		w.get("/v1/journals", &js)
+		return len(js.Journals) == 1 && js.Journals[0].Failures > 0 && js.Journals[0].EdgesDone > 0 && js.Journals[0].State == string(reaper.StateFailing)
 	})
 	if err := w.stop(); err != nil {
 		t.Fatalf("stop: %v", err)

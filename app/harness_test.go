@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/storage"
@@ -315,36 +317,27 @@ func ids(n int) []string {
 func asOf(tx string) string { return fmt.Sprintf("?tx=%s", tx) }
 
 // chunkHold holds a journaled cascade between its commit point and its
-// first chunk: arm it, publish the cascade, wait on held, look, release.
+// first chunk (the applier waits; the writer and every other request go
+// on): arm it, publish the cascade, wait on held, look, release.
 type chunkHold struct {
-	fault   *storage.FaultEngine
-	armed   chan int
+	armed   atomic.Bool
+	once    sync.Once
 	held    chan struct{}
 	release chan struct{}
 }
 
 // newChunkHold returns the hold and the worker Options that install it.
 func newChunkHold() (*chunkHold, Options) {
-	h := &chunkHold{armed: make(chan int, 1), held: make(chan struct{}), release: make(chan struct{})}
-	return h, Options{WrapEngine: func(e storage.Engine) storage.Engine {
-		h.fault = storage.NewFaultEngine(e)
-		h.fault.SetInject(func(n int) error {
-			select {
-			case at := <-h.armed:
-				if n < at {
-					h.armed <- at
-					return nil
-				}
+	h := &chunkHold{held: make(chan struct{}), release: make(chan struct{})}
+	return h, Options{CascadeHooks: cascade.Hooks{JournalStep: func(_ *storage.JournalEntry, n int) {
+		if n == 1 && h.armed.Load() {
+			h.once.Do(func() {
 				close(h.held)
 				<-h.release
-			default:
-			}
-			return nil
-		})
-		return h.fault
-	}}
+			})
+		}
+	}}}
 }
 
-// arm holds the second durable call from now: the journal's group commit
-// lands, the first chunk waits.
-func (h *chunkHold) arm() { h.armed <- h.fault.Calls() + 2 }
+// arm holds the next journal before its first chunk.
+func (h *chunkHold) arm() { h.armed.Store(true) }

@@ -44,7 +44,6 @@ func benchCascade(b *testing.B, edges, maxBatch int) {
 	}
 	defer s.Close()
 	o := New(s, Options{MaxBatchOps: maxBatch, Logger: noLog})
-	defer o.Close()
 	sc := storage.MustScope("bench")
 	b.ReportAllocs()
 	b.ResetTimer()

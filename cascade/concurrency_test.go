@@ -5,42 +5,52 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/storage"
 )
 
 // TestJournalFencesItsNode holds a journaled cascade between its commit
 // point and its first chunk, and checks that every write touching the node
-// is refused with the retryable ErrCascadeInFlight meanwhile.
+// is refused with the retryable ErrCascadeInFlight meanwhile, while a
+// journaled neighbour cascade sharing an edge waits for it and then sees
+// the shared edge dead (it does not tombstone it again).
 func TestJournalFencesItsNode(t *testing.T) {
-	e := openEnv(t, "", Options{MaxBatchOps: 7})
+	hold, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var hub storage.Ts
+	e := openEnv(t, "", Options{MaxBatchOps: 23, Hooks: Hooks{JournalStep: func(j *storage.JournalEntry, n int) {
+		if n == 1 && j.J.Tx == hub { // the hub's first chunk, after its journal landed
+			once.Do(func() { close(hold); <-release })
+		}
+	}}}) // more than 4 edges is journaled
 	sc := storage.MustScope("fence")
-	n, m, k := uuid.New(), uuid.New(), uuid.New()
-	for _, x := range []uuid.UUID{n, m, k} {
+	n, m, k, p := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	for _, x := range []uuid.UUID{n, m, k, p} {
 		e.node(sc, x, storage.NoTs, storage.NoTs)
 	}
-	e1, e2 := uuid.New(), uuid.New()
+	e1, e2, np := uuid.New(), uuid.New(), uuid.New()
 	e.edge(sc, e1, n, m, storage.NoTs, storage.NoTs)
 	e.edge(sc, e2, m, n, storage.NoTs, storage.NoTs)
+	e.edge(sc, np, n, p, storage.NoTs, storage.NoTs)
+	for i := 0; i < 3; i++ {
+		e.edge(sc, uuid.New(), n, k, storage.NoTs, storage.NoTs)
+	}
 	e.edge(sc, uuid.New(), m, k, storage.NoTs, storage.NoTs)
+	for i := 0; i < 5; i++ { // p: journaled too, and shares np with n
+		e.edge(sc, uuid.New(), p, k, storage.NoTs, storage.NoTs)
+	}
+	hub = e.store.Clock().Last() + 1
 
-	journal := e.fault.Calls() + 1
-	hold, release := make(chan struct{}), make(chan struct{})
-	e.fault.SetInject(func(call int) error {
-		if call == journal+1 { // the first chunk, after the journal landed
-			close(hold)
-			<-release
-		}
-		return nil
-	})
 	res := make(chan error, 1)
 	go func() {
 		_, err := e.ops.TombstoneNode(ctx, sc, n, storage.NoTs, anon)
 		res <- err
 	}()
 	<-hold
-	if e.store.Journals().Fenced(sc, n) == nil {
+	if j := e.store.Journals().Fenced(sc, n); j == nil || j.J.Tx != hub {
 		t.Fatal("no fence while the journal is in flight")
 	}
 	refused := func(name string, err error) {
@@ -58,18 +68,35 @@ func TestJournalFencesItsNode(t *testing.T) {
 	_, err = e.ops.TombstoneEdge(ctx, sc, e2, storage.NoTs, anon)
 	refused("tombstone_edge of a journaled edge", err)
 	_, err = e.ops.TombstoneNode(ctx, sc, m, storage.NoTs, anon)
-	refused("cascade of a neighbour", err)
+	refused("inline cascade of a neighbour", err)
 	_, err = e.ops.TombstoneNode(ctx, sc, n, storage.NoTs, anon)
 	refused("second cascade of the node", err)
 	if _, err := e.ops.PutEdge(ctx, sc, storage.EdgeWrite{ID: uuid.New(), Src: m, Dst: k, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
 		t.Errorf("unrelated write refused: %v", err)
 	}
+	// A journaled neighbour cascade is accepted (its journal commits), and
+	// its applier waits for the earlier journal that shares np.
+	pres := make(chan CascadeReceipt, 1)
+	go func() {
+		rc, err := e.ops.TombstoneNode(ctx, sc, p, storage.NoTs, anon)
+		if err != nil {
+			t.Errorf("journaled neighbour cascade: %v", err)
+		}
+		pres <- rc
+	}()
+	testnats.Eventually(t, 20*time.Second, "the neighbour's journal", func() bool { return e.store.Journals().Fenced(sc, p) != nil })
 	close(release)
 	if err := <-res; err != nil {
 		t.Fatal(err)
 	}
-	if e.store.Journals().Fenced(sc, n) != nil {
-		t.Fatal("fence outlived the journal")
+	if rc := <-pres; !rc.Journaled || rc.EdgesTombstoned != 5 {
+		t.Fatalf("neighbour receipt %+v: want journaled, 5 edges (np was the hub's)", rc)
+	}
+	if e.store.Journals().Len() != 0 {
+		t.Fatal("fences outlived their journals")
+	}
+	if h, _ := e.store.History(sc, storage.KindEdge, np); len(h) != 2 || !h[1].Tombstone || h[1].Tx.Start != hub {
+		t.Fatalf("shared edge history %+v: want one tombstone, the hub's", h)
 	}
 	if _, err := e.ops.TombstoneNode(ctx, sc, m, storage.NoTs, anon); err != nil {
 		t.Fatalf("neighbour cascade after the journal: %v", err)
@@ -158,7 +185,6 @@ func TestConcurrentWritesAndCascadesLeaveNoGhosts(t *testing.T) {
 		}(uint64(g))
 	}
 	wg.Wait()
-	e.ops.Wait()
 	t.Logf("%d cascades (%d journaled), %d cascade_in_flight refusals, %d edges", cascades, journaled, inFlight, len(edges))
 	if cascades == 0 || journaled == 0 {
 		t.Fatal("no journaled cascade succeeded: the stress exercised too little")

@@ -63,10 +63,7 @@ func (e *env) open() {
 }
 
 func (e *env) close() {
-	if e.ops != nil {
-		e.ops.Close()
-		e.ops = nil
-	}
+	e.ops = nil
 	if e.store != nil {
 		_ = e.store.Close()
 		e.store = nil

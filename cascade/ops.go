@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,9 +27,10 @@ var (
 // size when none is configured.
 const DefaultMaxBatchOps = 100_000
 
-// MinMaxBatchOps is the floor of max_batch_ops: a chunk must hold the
-// largest version group (an edge, 5 puts) with room to spare, so a chunk
-// boundary never splits a version.
+// MinMaxBatchOps is the floor of max_batch_ops: a batch must hold the
+// largest single request (an edge version, 5 puts, plus its receipt and a
+// new tenant's registry row), so a chunk boundary never splits a version
+// and every request fits a group on its own.
 const MinMaxBatchOps = 7
 
 // Path is how a cascade was applied.
@@ -41,35 +41,42 @@ const (
 	PathJournaled Path = "journaled"
 )
 
-// Hooks let the metrics and queue layers observe the engine. Every field is
-// optional; hooks must not block for long.
+// Hooks let the metrics layer observe the engine. Every field is optional;
+// hooks must not block for long (some run on the writer).
 type Hooks struct {
-	// CascadeStarted fires when a tombstone_node decides its path.
-	CascadeStarted func(path Path)
-	// CascadeFinished fires when a cascade's node tombstone is durable.
+	// CascadeFinished fires when a cascade's node tombstone is durable: on
+	// the commit of an inline cascade's group, on a journal's removal.
 	CascadeFinished func(path Path, edges uint64, took time.Duration)
 	// ChunkApplied fires after each durable chunk of a journaled cascade.
 	ChunkApplied func(ops int)
-	// JournalResumed fires when an orphaned journal is taken up again.
-	JournalResumed func(e *storage.JournalEntry)
-	// JournalDone fires after a journal is removed; r is its request's
-	// receipt (the result to publish when e.J.Prov.RequestID is set).
-	JournalDone func(e *storage.JournalEntry, r storage.Receipt)
-	// JournalFailed fires when applying a journal fails; it stays for the
-	// reaper.
-	JournalFailed func(e *storage.JournalEntry, err error)
+	// JournalStep, a test signal, fires before an applier queues durable
+	// step n of journal e (1, 2, ...: its chunks, then its removal) with
+	// every earlier step durable and nothing of it queued. It may block:
+	// interleaving tests hold a journal between two steps with it.
+	JournalStep func(e *storage.JournalEntry, n int)
+}
+
+// JournalSink takes journaled cascades once their head (the commit point)
+// is durable, to apply them (package reaper owns their life). Begin runs on
+// the writer right after the commit and must not block.
+type JournalSink interface {
+	Begin(e *storage.JournalEntry)
 }
 
 // Options configure New.
 type Options struct {
-	// MaxBatchOps: write-sets at or under it commit inline in one durable
-	// batch; larger ones are journaled and applied in chunks of at most
-	// MaxBatchOps. Default DefaultMaxBatchOps; floored at MinMaxBatchOps.
+	// MaxBatchOps: a request whose writes (receipt included) are at most
+	// MaxBatchOps commits inline; a larger cascade is journaled. No durable
+	// batch of a group holds more. Default DefaultMaxBatchOps; floored at
+	// MinMaxBatchOps.
 	MaxBatchOps int
-	// LeaseTTL: a journal whose applier has not heartbeaten for this long is
-	// an orphan the reaper may take over. Default 1 minute (a chunk of 100k
-	// puts takes well under a second).
-	LeaseTTL time.Duration
+	// ChunkOps is the largest chunk of a journaled cascade, in puts.
+	// Default: MaxBatchOps (and never more than it).
+	ChunkOps int
+	// Journals receives every journal committed. Nil: TombstoneNode applies
+	// a journal in the caller's goroutine, and other journals wait for
+	// ResumeJournals (tests, tools).
+	Journals JournalSink
 	Hooks    Hooks
 	Logger   *slog.Logger
 }
@@ -78,51 +85,57 @@ type Options struct {
 type Ops struct {
 	store       *storage.Store
 	maxBatchOps int
-	leaseTTL    time.Duration
+	sink        JournalSink
 	hooks       Hooks
 	log         *slog.Logger
-
-	ctx    context.Context // cancelled by Close: stops appliers between chunks
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	applier     *Applier
 }
 
-// New returns the engine. Close it before closing the store.
+// New returns the engine.
 func New(store *storage.Store, opts Options) *Ops {
+	opts = opts.withDefaults()
+	return &Ops{store: store, maxBatchOps: opts.MaxBatchOps, sink: opts.Journals, hooks: opts.Hooks, log: opts.Logger,
+		applier: NewApplier(store, opts)}
+}
+
+func (opts Options) withDefaults() Options {
 	if opts.MaxBatchOps == 0 {
 		opts.MaxBatchOps = DefaultMaxBatchOps
 	}
 	if opts.MaxBatchOps < MinMaxBatchOps {
 		opts.MaxBatchOps = MinMaxBatchOps
 	}
-	if opts.LeaseTTL <= 0 {
-		opts.LeaseTTL = time.Minute
+	if opts.ChunkOps <= 0 || opts.ChunkOps > opts.MaxBatchOps {
+		opts.ChunkOps = opts.MaxBatchOps
+	}
+	if opts.ChunkOps < MinMaxBatchOps {
+		opts.ChunkOps = MinMaxBatchOps
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Ops{store: store, maxBatchOps: opts.MaxBatchOps, leaseTTL: opts.LeaseTTL, hooks: opts.Hooks, log: opts.Logger, ctx: ctx, cancel: cancel}
+	return opts
 }
 
 // MaxBatchOps returns the effective threshold.
 func (o *Ops) MaxBatchOps() int { return o.maxBatchOps }
 
-// LeaseTTL returns the journal lease TTL.
-func (o *Ops) LeaseTTL() time.Duration { return o.leaseTTL }
+// ChunkOps returns the effective chunk size of journaled cascades.
+func (o *Ops) ChunkOps() int { return o.applier.chunkOps }
+
+// ApplyJournal applies journal e (see Applier.ApplyJournal).
+func (o *Ops) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs JournalObserver) (storage.Receipt, error) {
+	return o.applier.ApplyJournal(ctx, e, obs)
+}
+
+// ResumeJournals applies every journal of a tenant (see
+// Applier.ResumeJournals).
+func (o *Ops) ResumeJournals(ctx context.Context, sc storage.Scope) (int, error) {
+	return o.applier.ResumeJournals(ctx, sc)
+}
 
 // Store returns the underlying store.
 func (o *Ops) Store() *storage.Store { return o.store }
-
-// Close stops journal appliers between chunks and waits for them. Their
-// journals stay durable and are resumed by the next process.
-func (o *Ops) Close() {
-	o.cancel()
-	o.wg.Wait()
-}
-
-// Wait blocks until every journal applier started so far has finished.
-func (o *Ops) Wait() { o.wg.Wait() }
 
 // CascadeReceipt is the outcome of a node cascade.
 type CascadeReceipt struct {
@@ -154,33 +167,55 @@ type Request struct {
 	Prov      storage.Provenance
 }
 
-// Outcome is what applying a Request came to.
-//
-//   - Final outcomes carry Receipt (stored under RequestID in the same batch
-//     as the effect). Err is nil for StatusOK and wraps the refusal's sentinel
-//     otherwise.
-//   - Err without a receipt: ErrInvalid (the request can never apply).
-//     ErrCascadeInFlight is retryable for the caller (with a new request
-//     id) but final for this request id, so it carries a receipt.
-//   - Journal is set when the request's cascade was journaled (or a journal
-//     for its request id is already in flight): the commit point is durable
-//     and the result comes when the journal finishes (Hooks.JournalDone).
-//     Done, when set, yields the applier's final error (nil on success).
+// Kind says what an Outcome is.
+type Kind uint8
+
+const (
+	// Answered: Receipt is the request's answer (Receipt.Status), fresh or
+	// stored before; a fresh one is stored under the request id in the same
+	// batch as the effect. Err wraps the refusal's sentinel (nil for ok).
+	Answered Kind = 1 + iota
+	// Invalid: the request can never apply (Err wraps ErrInvalid). Nothing
+	// is stored.
+	Invalid
+	// Journaled: the cascade's journal (its commit point) committed with
+	// the group, or, when Duplicate, was already in flight for this request
+	// id. The answer is written to the result outbox when the journal
+	// finishes.
+	Journaled
+)
+
+// Outcome is what applying one Request came to.
 type Outcome struct {
-	Receipt   storage.Receipt
-	Final     bool
-	Err       error
-	Duplicate bool
+	Kind      Kind
+	Receipt   storage.Receipt // Answered
+	Err       error           // Answered refusals and Invalid
+	Duplicate bool            // the request id was seen before
 	Journal   *storage.JournalEntry
-	Done      <-chan error
 }
 
-// Apply applies reqs in order with group commit: as many as fit in one
-// transaction of about MaxBatchOps puts share one durable batch (receipts
-// included). Each request sees the effects of the ones before it exactly as
-// serial application would. A storage error fails the requests of the
-// failing transaction (their outcomes are left zero) and is returned with
-// the number of requests that were committed before it.
+// Status is the outcome's status (StatusOK for a journaled cascade: its
+// commit point is durable, it will complete).
+func (oc Outcome) Status() storage.Status {
+	switch oc.Kind {
+	case Answered:
+		return oc.Receipt.Status
+	case Journaled:
+		return storage.StatusOK
+	}
+	return storage.StatusInvalid
+}
+
+func answered(rc storage.Receipt, err error) Outcome {
+	return Outcome{Kind: Answered, Receipt: rc, Err: err}
+}
+
+// Apply applies reqs in order with group commit: as many as fit in
+// MaxBatchOps puts share one durable batch (receipts and tenant rows
+// included; never more). Each request sees the effects of the ones before
+// it exactly as serial application would. A storage error fails the
+// requests of the failing batch (their outcomes are left zero) and is
+// returned with the number of requests committed before it.
 func (o *Ops) Apply(ctx context.Context, reqs []Request) ([]Outcome, int, error) {
 	out := make([]Outcome, len(reqs))
 	done := 0
@@ -188,12 +223,12 @@ func (o *Ops) Apply(ctx context.Context, reqs []Request) ([]Outcome, int, error)
 		next := done
 		err := o.store.Update(ctx, func(t *storage.Txn) error {
 			for next = done; next < len(reqs); next++ {
-				if next > done && t.Ops() >= o.maxBatchOps {
-					break
-				}
-				oc, err := o.applyOne(t, &reqs[next])
+				oc, fits, err := o.applyOne(t, &reqs[next], next == done)
 				if err != nil {
 					return err
+				}
+				if !fits {
+					break
 				}
 				out[next] = oc
 			}
@@ -210,102 +245,126 @@ func (o *Ops) Apply(ctx context.Context, reqs []Request) ([]Outcome, int, error)
 	return out, done, nil
 }
 
-// applyOne decides and writes one request inside t. A returned error is a
+// budget is what a request may add to its group's batch.
+type budget struct {
+	t     *storage.Txn
+	max   int
+	first bool // the group's first request: it always fits on its own
+}
+
+// fits reports whether ops more writes (plus the request's receipt and its
+// tenant's registry row, when they would be new) stay within max_batch_ops.
+func (b budget) fits(r *Request, ops int) bool {
+	return b.first || b.t.Ops()+ops+b.overhead(r) <= b.max
+}
+
+// fitsJournal reports whether a journal head (one put, and its tenant's
+// registry row when new) fits. Its receipt is stored when it finishes.
+func (b budget) fitsJournal(r *Request) bool {
+	n := 1
+	if b.t.NewTenant(r.Scope) {
+		n++
+	}
+	return b.first || b.t.Ops()+n <= b.max
+}
+
+func (b budget) overhead(r *Request) int {
+	n := 0
+	if r.RequestID != "" {
+		n++
+	}
+	if b.t.NewTenant(r.Scope) {
+		n++
+	}
+	return n
+}
+
+// applyOne decides and writes one request inside t. fits is false, with
+// nothing written, when the request's writes would take the group's batch
+// over max_batch_ops: it starts the next group. A returned error is a
 // storage failure that aborts the whole transaction; refusals are outcomes.
-func (o *Ops) applyOne(t *storage.Txn, req *Request) (Outcome, error) {
+func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool, error) {
 	r := *req
 	r.Prov.RequestID = r.RequestID // every version records the request that wrote it
+	b := budget{t: t, max: o.maxBatchOps, first: first}
 	if r.Scope.IsZero() {
-		return Outcome{Err: fmt.Errorf("%w: no tenant", ErrInvalid)}, nil
+		return Outcome{Kind: Invalid, Err: fmt.Errorf("%w: no tenant", ErrInvalid)}, true, nil
 	}
 	if r.RequestID != "" {
 		rc, ok, err := t.Receipt(r.Scope, r.RequestID)
 		if err != nil {
-			return Outcome{}, err
+			return Outcome{}, false, err
 		}
 		if ok {
-			return Outcome{Receipt: rc, Final: true, Err: statusErr(rc.Status), Duplicate: true}, nil
+			return Outcome{Kind: Answered, Receipt: rc, Err: rc.Status.Err(), Duplicate: true}, true, nil
 		}
-		if e := o.store.Journals().ByRequest(r.Scope, r.RequestID); e != nil {
-			return Outcome{Journal: e, Duplicate: true}, nil
+		if e := t.Store().Journals().ByRequest(r.Scope, r.RequestID); e != nil {
+			return Outcome{Kind: Journaled, Journal: e, Duplicate: true}, true, nil
 		}
 	}
 	var (
-		oc  Outcome
-		err error
+		tx    storage.Ts
+		edges uint64
+		err2  error
 	)
 	switch r.Op {
 	case storage.OpPutNode:
+		if !b.fits(&r, storage.OpsPerNodeVersion) {
+			return Outcome{}, false, nil
+		}
 		var v storage.Version
-		v, err = t.PutNode(r.Scope, storage.NodeWrite{ID: r.ID, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
-		oc = outcomeOf(&r, v.Tx.Start, 0, err)
+		v, err2 = t.PutNode(r.Scope, storage.NodeWrite{ID: r.ID, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
+		tx = v.Tx.Start
 	case storage.OpPutEdge:
+		if !b.fits(&r, storage.OpsPerEdgeVersion) {
+			return Outcome{}, false, nil
+		}
 		var v storage.Version
-		v, err = t.PutEdge(r.Scope, storage.EdgeWrite{ID: r.ID, Src: r.Src, Dst: r.Dst, Label: r.Label, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
-		oc = outcomeOf(&r, v.Tx.Start, 0, err)
+		v, err2 = t.PutEdge(r.Scope, storage.EdgeWrite{ID: r.ID, Src: r.Src, Dst: r.Dst, Label: r.Label, ValidFrom: r.ValidFrom, ValidTo: r.ValidTo, Props: r.Props, Prov: r.Prov})
+		tx = v.Tx.Start
 	case storage.OpTombstoneEdge:
-		var tx storage.Ts
-		tx, err = o.tombstoneEdge(t, &r)
-		oc = outcomeOf(&r, tx, 0, err)
+		if !b.fits(&r, storage.OpsPerEdgeVersion) {
+			return Outcome{}, false, nil
+		}
+		tx, err2 = o.tombstoneEdge(t, &r)
 	case storage.OpTombstoneNode:
-		oc, err = o.tombstoneNode(t, &r)
-		if err == nil && oc.Journal == nil {
-			oc = outcomeOf(&r, oc.Receipt.Tx, oc.Receipt.EdgesTombstoned, nil)
-		} else if err != nil {
-			oc = outcomeOf(&r, 0, 0, err)
+		var d nodeDecision
+		d, err2 = o.decideNode(t, &r, b)
+		if err2 == nil && !d.fits {
+			return Outcome{}, false, nil
+		}
+		if err2 == nil {
+			if e := o.writeNode(t, &r, d); e != nil {
+				return Outcome{Kind: Journaled, Journal: e}, true, nil
+			}
+			tx, edges = d.tx, uint64(len(d.edges))
 		}
 	default:
-		return Outcome{Err: fmt.Errorf("%w: unknown op %v", ErrInvalid, r.Op)}, nil
+		return Outcome{Kind: Invalid, Err: fmt.Errorf("%w: unknown op %v", ErrInvalid, r.Op)}, true, nil
 	}
-	if err != nil && errors.Is(err, ErrStorage) {
-		return Outcome{}, err
-	}
-	if errors.Is(err, ErrDecode) {
+	if err2 != nil && errors.Is(err2, ErrDecode) {
 		// A record that fails to decode is not the request's fault; fail the
 		// group like any storage failure (it is retried, then dead-lettered).
-		return Outcome{}, fmt.Errorf("%w: %w", ErrStorage, err)
+		return Outcome{}, false, fmt.Errorf("%w: %w", ErrStorage, err2)
 	}
-	if oc.Final && r.RequestID != "" {
-		t.PutReceipt(r.Scope, r.RequestID, &oc.Receipt)
+	st, ok := storage.StatusOf(err2)
+	if !ok {
+		return Outcome{}, false, err2
 	}
-	return oc, nil
-}
-
-func outcomeOf(r *Request, tx storage.Ts, edges uint64, err error) Outcome {
-	rc := storage.Receipt{Op: r.Op, ID: r.ID}
-	switch {
-	case err == nil:
-		rc.Status, rc.Tx, rc.EdgesTombstoned = storage.StatusOK, tx, edges
-	case errors.Is(err, ErrNotFound):
-		rc.Status = storage.StatusNotFound
-	case errors.Is(err, ErrAlreadyTombstoned):
-		rc.Status = storage.StatusAlreadyTombstoned
-	case errors.Is(err, ErrEndpointDead):
-		rc.Status = storage.StatusEndpointDead
-	case errors.Is(err, ErrCascadeInFlight):
-		// Final for this request id (see docs/DECISIONS.md 4): a redelivery
-		// must not turn an answered cascade_in_flight into another outcome
-		// the results stream would drop as a duplicate.
-		rc.Status = storage.StatusCascadeInFlight
-	default:
-		return Outcome{Err: err}
+	if st == storage.StatusInvalid {
+		return Outcome{Kind: Invalid, Err: err2}, true, nil
 	}
-	return Outcome{Receipt: rc, Final: true, Err: err}
-}
-
-// statusErr maps a stored status back to its sentinel.
-func statusErr(s storage.Status) error {
-	switch s {
-	case storage.StatusNotFound:
-		return ErrNotFound
-	case storage.StatusAlreadyTombstoned:
-		return ErrAlreadyTombstoned
-	case storage.StatusEndpointDead:
-		return ErrEndpointDead
-	case storage.StatusCascadeInFlight:
-		return ErrCascadeInFlight
+	rc := storage.Receipt{Op: r.Op, ID: r.ID, Status: st}
+	if st == storage.StatusOK {
+		rc.Tx, rc.EdgesTombstoned = tx, edges
 	}
-	return nil
+	if r.RequestID != "" {
+		// A refusal is final for its request id too (docs/DECISIONS.md 4):
+		// a redelivery must not turn an answered cascade_in_flight into
+		// another outcome the results stream would drop as a duplicate.
+		t.PutReceipt(r.Scope, r.RequestID, &rc)
+	}
+	return answered(rc, err2), true, nil
 }
 
 // tombstoneEdge writes a standalone edge tombstone [valid_end, open).
@@ -317,13 +376,19 @@ func (o *Ops) tombstoneEdge(t *storage.Txn, r *Request) (storage.Ts, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: edge %s", ErrNotFound, r.ID)
 	}
+	// The endpoints are immutable, so the fence check can follow the read
+	// that names them: nothing commits in between (one writer).
+	fence := storage.NoTs
+	for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
+		if e := t.Fenced(r.Scope, n); e != nil {
+			fence = e.J.Tx
+		}
+	}
 	if latest.Tombstone {
 		return 0, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, r.ID, latest.Tx.Start)
 	}
-	for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
-		if o.store.Journals().Fenced(r.Scope, n) != nil {
-			return 0, fmt.Errorf("%w: endpoint node %s is being tombstoned", ErrCascadeInFlight, n)
-		}
+	if fence != storage.NoTs {
+		return 0, fmt.Errorf("%w: an endpoint of edge %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, r.ID, fence)
 	}
 	tx := t.NextTx()
 	validEnd := r.ValidEnd
@@ -336,7 +401,7 @@ func (o *Ops) tombstoneEdge(t *storage.Txn, r *Request) (storage.Ts, error) {
 }
 
 // edgeTombstone is the one constructor of edge tombstone versions: inline,
-// first-pass and resumed cascades must build byte-identical records.
+// journaled and resumed cascades must build byte-identical records.
 func edgeTombstone(id, src, dst uuid.UUID, label string, validEnd, tx storage.Ts, prov storage.Provenance) storage.Version {
 	return storage.Version{Kind: storage.KindEdge, ID: id, Src: src, Dst: dst, Label: label,
 		Valid: storage.Open(validEnd), Tx: storage.Open(tx), Tombstone: true, Props: []byte("{}"), Prov: prov}
@@ -348,32 +413,43 @@ func nodeTombstone(id uuid.UUID, validEnd, tx storage.Ts, prov storage.Provenanc
 }
 
 // TombstoneNode tombstones a node and every edge DESIGN §3 collects, and
-// waits until the node tombstone is durable (for a journaled cascade, until
-// the journal is removed). validEnd of storage.NoTs means the cascade's tx.
+// waits until the node tombstone is durable. validEnd of storage.NoTs means
+// the cascade's tx. A journaled cascade is applied in the caller's
+// goroutine when the engine has no JournalSink; otherwise the sink applies
+// it and TombstoneNode waits for the journal's removal.
 func (o *Ops) TombstoneNode(ctx context.Context, sc storage.Scope, node uuid.UUID, validEnd storage.Ts, prov storage.Provenance) (CascadeReceipt, error) {
-	out, _, err := o.Apply(ctx, []Request{{Scope: sc, Op: storage.OpTombstoneNode, ID: node, ValidEnd: validEnd, Prov: prov, RequestID: ""}})
+	out, _, err := o.Apply(ctx, []Request{{Scope: sc, Op: storage.OpTombstoneNode, ID: node, ValidEnd: validEnd, Prov: prov}})
 	if err != nil {
 		return CascadeReceipt{}, err
 	}
 	oc := out[0]
-	if oc.Journal != nil {
-		if oc.Done == nil {
-			return CascadeReceipt{}, fmt.Errorf("%w: node %s is being tombstoned", ErrCascadeInFlight, node)
-		}
-		select {
-		case err := <-oc.Done:
+	switch oc.Kind {
+	case Journaled:
+		e := oc.Journal
+		if o.sink == nil {
+			rc, err := o.ApplyJournal(ctx, e, JournalObserver{})
 			if err != nil {
 				return CascadeReceipt{}, err
 			}
+			return CascadeReceipt{NodeID: node, EdgesTombstoned: rc.EdgesTombstoned, TxTime: rc.Tx, Journaled: true}, nil
+		}
+		select {
+		case <-e.Removed():
 		case <-ctx.Done():
 			return CascadeReceipt{}, ctx.Err()
 		}
-		return CascadeReceipt{NodeID: node, EdgesTombstoned: oc.Journal.J.Edges, TxTime: oc.Journal.J.Tx, Journaled: true}, nil
+		n, err := o.landedEdges(e)
+		if err != nil {
+			return CascadeReceipt{}, err
+		}
+		return CascadeReceipt{NodeID: node, EdgesTombstoned: n, TxTime: e.J.Tx, Journaled: true}, nil
+	case Answered:
+		if oc.Err != nil {
+			return CascadeReceipt{}, oc.Err
+		}
+		return CascadeReceipt{NodeID: node, EdgesTombstoned: oc.Receipt.EdgesTombstoned, TxTime: oc.Receipt.Tx}, nil
 	}
-	if oc.Err != nil {
-		return CascadeReceipt{}, oc.Err
-	}
-	return CascadeReceipt{NodeID: node, EdgesTombstoned: oc.Receipt.EdgesTombstoned, TxTime: oc.Receipt.Tx}, nil
+	return CascadeReceipt{}, oc.Err
 }
 
 // TombstoneEdge tombstones one edge from validEnd on; both endpoints stay.

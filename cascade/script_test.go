@@ -38,7 +38,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cascad
 //	                                     (v and t default to the far future: "now, going forward")
 //	edges N [dir=out|in|both] [v=Y] [t=tK|now]
 //	history X
-//	journals
+//	journals                             each journal: edges landed, edges pending, node landed
 //
 // Run with -rewrite to regenerate expected outputs after a deliberate change.
 func TestScripts(t *testing.T) {
@@ -284,7 +284,12 @@ func (s *script) run(line string) string {
 	case "journals":
 		var lines []string
 		for _, j := range e.store.Journals().List() {
-			lines = append(lines, fmt.Sprintf("%s edges=%d done=%d tx=%s", s.byID[j.J.NodeID], j.J.Edges, j.EdgesDone(), s.tx(j.J.Tx)))
+			// What is left of it, re-derived from the frozen neighbourhood.
+			sum, err := ScanJournal(e.store.Reader(), j, nil, nil)
+			if err != nil {
+				return outcome(err)
+			}
+			lines = append(lines, fmt.Sprintf("%s tx=%s landed=%d pending=%d node_landed=%v", s.byID[j.J.NodeID], s.tx(j.J.Tx), sum.Landed, sum.Pending, sum.NodeLanded))
 		}
 		if len(lines) == 0 {
 			return "(none)"

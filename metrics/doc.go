@@ -1,8 +1,9 @@
 // Package metrics owns the worker's Prometheus registry: every metric family
 // SREs' dashboards and alerts rely on (telha_*), initialised with every
 // label set at start so rate() sees zeros rather than gaps, plus the Go,
-// process and Pebble health collectors. It turns the cascade, queue and
-// storage hooks into observations.
+// process and Pebble health collectors. It is a leaf: it imports none of
+// the product's packages. They expose hooks or state functions, and the
+// wiring (package app) turns those into the observations and gauges here.
 //
 // Gauges that describe state (journals in flight, oldest journal age, queue
 // backlog, Pebble health) are computed at scrape time from in-memory state

@@ -8,9 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/telha/telha-cascade/cascade"
-	"github.com/telha/telha-cascade/queue"
-	"github.com/telha/telha-cascade/storage"
 )
 
 // Build identifies the binary (telha_build_info).
@@ -43,8 +40,18 @@ type Metrics struct {
 	BuildInfo         *prometheus.GaugeVec
 }
 
+// Labels are the label values initialised at start, so rate() sees zeros
+// rather than gaps. The product's packages own these vocabularies; the
+// wiring (package app) passes them in.
+type Labels struct {
+	Ops               []string // op of telha_requests_total and the duration histogram ("unknown" is added)
+	Statuses          []string // status of telha_requests_total
+	Paths             []string // path of telha_cascades_total
+	DeadLetterReasons []string // reason of telha_dead_letters_total
+}
+
 // New creates the registry with every family and label set initialised.
-func New(b Build) *Metrics {
+func New(b Build, l Labels) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
 		Registry: r,
@@ -90,20 +97,19 @@ func New(b Build) *Metrics {
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ops := append(opNames(), "unknown")
-	for _, op := range ops {
+	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
 		m.RequestDuration.WithLabelValues(op)
-		for _, st := range queue.Statuses() {
+		for _, st := range l.Statuses {
 			m.Requests.WithLabelValues(op, st)
 		}
 	}
-	for _, p := range []cascade.Path{cascade.PathInline, cascade.PathJournaled} {
-		m.Cascades.WithLabelValues(string(p))
+	for _, p := range l.Paths {
+		m.Cascades.WithLabelValues(p)
 	}
 	for _, res := range []string{ReaperOK, ReaperError, ReaperSkipped} {
 		m.ReaperRuns.WithLabelValues(res)
 	}
-	for _, reason := range queue.DeadLetterReasons() {
+	for _, reason := range l.DeadLetterReasons {
 		m.DeadLetters.WithLabelValues(reason)
 	}
 	if b.Version == "" {
@@ -114,14 +120,6 @@ func New(b Build) *Metrics {
 	}
 	m.BuildInfo.WithLabelValues(b.Version, b.Revision, runtime.Version()).Set(1)
 	return m
-}
-
-func opNames() []string {
-	var out []string
-	for _, o := range storage.Ops() {
-		out = append(out, o.String())
-	}
-	return out
 }
 
 // Handler serves the registry.
@@ -138,82 +136,105 @@ func (m *Metrics) OnCommit(d time.Duration, _ int, err error) {
 	m.CommitDuration.Observe(d.Seconds())
 }
 
-// CascadeHooks returns hooks that record cascades; next, when set, is
-// called after (for the queue's outbox kick).
-func (m *Metrics) CascadeHooks(next cascade.Hooks) cascade.Hooks {
-	return cascade.Hooks{
-		CascadeStarted: next.CascadeStarted,
-		CascadeFinished: func(p cascade.Path, edges uint64, took time.Duration) {
-			m.Cascades.WithLabelValues(string(p)).Inc()
-			m.EdgesTombstoned.Add(float64(edges))
-			if next.CascadeFinished != nil {
-				next.CascadeFinished(p, edges, took)
-			}
-		},
-		ChunkApplied: func(ops int) {
-			m.ChunksApplied.Inc()
-			if next.ChunkApplied != nil {
-				next.ChunkApplied(ops)
-			}
-		},
-		JournalResumed: next.JournalResumed,
-		JournalDone:    next.JournalDone,
-		JournalFailed:  next.JournalFailed,
-	}
+// Request records a result published (op "unknown" when the request could
+// not be read).
+func (m *Metrics) Request(op, status string) { m.Requests.WithLabelValues(op, status).Inc() }
+
+// Acked records a request message acked or terminated, with the time since
+// the worker received it.
+func (m *Metrics) Acked(op string, took time.Duration) {
+	m.RequestDuration.WithLabelValues(op).Observe(took.Seconds())
 }
 
-// QueueHooks returns hooks that record requests and dead letters.
-func (m *Metrics) QueueHooks() queue.Hooks {
-	return queue.Hooks{
-		Result: func(op, status string) { m.Requests.WithLabelValues(op, status).Inc() },
-		Acked: func(op string, took time.Duration) {
-			m.RequestDuration.WithLabelValues(op).Observe(took.Seconds())
-		},
-		DeadLetter: func(reason string) { m.DeadLetters.WithLabelValues(reason).Inc() },
-	}
+// DeadLetter records one dead letter.
+func (m *Metrics) DeadLetter(reason string) { m.DeadLetters.WithLabelValues(reason).Inc() }
+
+// Cascade records a cascade whose node tombstone landed.
+func (m *Metrics) Cascade(path string, edges uint64) {
+	m.Cascades.WithLabelValues(path).Inc()
+	m.EdgesTombstoned.Add(float64(edges))
 }
 
-// JournalView is what the journal gauges read at scrape time.
-type JournalView func() (inflight int, oldestAge time.Duration, poison int)
+// Chunk records one durable chunk of a journaled cascade.
+func (m *Metrics) Chunk() { m.ChunksApplied.Inc() }
 
-// AttachState registers the scrape-time gauges: journals (from journals),
-// the consumer backlog (from the worker's cached consumer info; never a
-// NATS round trip during a scrape) and Pebble's health.
-func (m *Metrics) AttachState(store *storage.Store, journals JournalView, stats func() *queue.ConsumerStats) {
+// ReaperRun records one reaper pass: result is ReaperOK, ReaperError or
+// ReaperSkipped; resumed, the journals it applied to completion.
+func (m *Metrics) ReaperRun(result string, resumed int) {
+	m.ReaperRuns.WithLabelValues(result).Inc()
+	if result == ReaperOK {
+		m.ReaperLastSuccess.SetToCurrentTime()
+	}
+	m.ReaperResumed.Add(float64(resumed))
+}
+
+// JournalSummary is what the journal gauges show.
+type JournalSummary struct {
+	InFlight int
+	Oldest   time.Duration
+	Poison   int
+}
+
+// QueueStats is the consumer's backlog as last read (ok false: not read
+// yet).
+type QueueStats struct {
+	Pending, AckPending, Redelivered uint64
+	OK                               bool
+}
+
+// PebbleStats are Pebble's health figures.
+type PebbleStats struct {
+	CompactionDebt uint64
+	L0Files        int64
+	L0Sublevels    int32
+	DiskBytes      uint64
+	Stalls         uint64
+	StallTime      time.Duration
+}
+
+// State is what the scrape-time gauges read. Every field is required; each
+// must answer from memory (a scrape never waits on NATS or disk I/O).
+type State struct {
+	Journals func() JournalSummary
+	Queue    func() QueueStats
+	DiskFree func() (uint64, error)
+	Pebble   func() PebbleStats
+}
+
+// AttachState registers the scrape-time gauges.
+func (m *Metrics) AttachState(st State) {
+	queue := func(f func(QueueStats) uint64) func() float64 {
+		return func() float64 {
+			q := st.Queue()
+			if !q.OK {
+				return 0
+			}
+			return float64(f(q))
+		}
+	}
 	m.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_journals_inflight", Help: "Cascade journals not yet finished."},
-			func() float64 { n, _, _ := journals(); return float64(n) }),
+			func() float64 { return float64(st.Journals().InFlight) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_journal_oldest_age_seconds", Help: "Age of the oldest unfinished cascade journal (0 when none)."},
-			func() float64 { _, a, _ := journals(); return a.Seconds() }),
+			func() float64 { return st.Journals().Oldest.Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_journals_poison", Help: "Journals that cannot be decoded or keep failing."},
-			func() float64 { _, _, p := journals(); return float64(p) }),
+			func() float64 { return float64(st.Journals().Poison) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_pending_messages", Help: "Requests waiting in this replica's consumer (cached consumer info)."},
-			func() float64 { return statOf(stats, func(s *queue.ConsumerStats) uint64 { return s.Pending }) }),
+			queue(func(q QueueStats) uint64 { return q.Pending })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_ack_pending_messages", Help: "Requests delivered and not yet acked (cached consumer info)."},
-			func() float64 { return statOf(stats, func(s *queue.ConsumerStats) uint64 { return s.AckPending }) }),
+			queue(func(q QueueStats) uint64 { return q.AckPending })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_redelivered_messages", Help: "Requests redelivered and not yet acked (cached consumer info)."},
-			func() float64 { return statOf(stats, func(s *queue.ConsumerStats) uint64 { return s.Redelivered }) }),
+			queue(func(q QueueStats) uint64 { return q.Redelivered })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_storage_disk_free_bytes", Help: "Free bytes on the store's filesystem (-1 when the disk-space guard is off)."},
 			func() float64 {
-				free, err := store.DiskFree()
+				free, err := st.DiskFree()
 				if err != nil {
 					return -1
 				}
 				return float64(free)
 			}),
-		&pebbleCollector{store: store},
+		&pebbleCollector{stats: st.Pebble},
 	)
-}
-
-func statOf(stats func() *queue.ConsumerStats, f func(*queue.ConsumerStats) uint64) float64 {
-	if stats == nil {
-		return 0
-	}
-	s := stats()
-	if s == nil {
-		return 0
-	}
-	return float64(f(s))
 }
 
 var (
@@ -226,7 +247,7 @@ var (
 )
 
 // pebbleCollector reads Pebble's in-memory metrics at scrape time.
-type pebbleCollector struct{ store *storage.Store }
+type pebbleCollector struct{ stats func() PebbleStats }
 
 func (c *pebbleCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDebt, descL0Files, descL0Sub, descDisk, descStalls, descStallSecs} {
@@ -235,12 +256,11 @@ func (c *pebbleCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *pebbleCollector) Collect(ch chan<- prometheus.Metric) {
-	pm := c.store.Engine().Metrics()
-	ch <- prometheus.MustNewConstMetric(descDebt, prometheus.GaugeValue, float64(pm.Compact.EstimatedDebt))
-	ch <- prometheus.MustNewConstMetric(descL0Files, prometheus.GaugeValue, float64(pm.Levels[0].TablesCount))
-	ch <- prometheus.MustNewConstMetric(descL0Sub, prometheus.GaugeValue, float64(pm.Levels[0].Sublevels))
-	ch <- prometheus.MustNewConstMetric(descDisk, prometheus.GaugeValue, float64(pm.DiskSpaceUsage()))
-	n, d := c.store.WriteStalls()
-	ch <- prometheus.MustNewConstMetric(descStalls, prometheus.CounterValue, float64(n))
-	ch <- prometheus.MustNewConstMetric(descStallSecs, prometheus.CounterValue, d.Seconds())
+	p := c.stats()
+	ch <- prometheus.MustNewConstMetric(descDebt, prometheus.GaugeValue, float64(p.CompactionDebt))
+	ch <- prometheus.MustNewConstMetric(descL0Files, prometheus.GaugeValue, float64(p.L0Files))
+	ch <- prometheus.MustNewConstMetric(descL0Sub, prometheus.GaugeValue, float64(p.L0Sublevels))
+	ch <- prometheus.MustNewConstMetric(descDisk, prometheus.GaugeValue, float64(p.DiskBytes))
+	ch <- prometheus.MustNewConstMetric(descStalls, prometheus.CounterValue, float64(p.Stalls))
+	ch <- prometheus.MustNewConstMetric(descStallSecs, prometheus.CounterValue, p.StallTime.Seconds())
 }

@@ -48,9 +48,6 @@ type Config struct {
 	// RetryBase and RetryMax shape the NakWithDelay backoff of transient
 	// failures: base * 2^(delivery-1), capped. Defaults 500ms and 30s.
 	RetryBase, RetryMax time.Duration
-	// OutboxInterval: how often the result outbox is swept even without a
-	// signal. Default 5s.
-	OutboxInterval time.Duration
 }
 
 // Defaults returns c with every zero field set to its default.
@@ -75,7 +72,6 @@ func (c Config) Defaults() Config {
 	defD(&c.AckWait, 30*time.Second)
 	defD(&c.RetryBase, 500*time.Millisecond)
 	defD(&c.RetryMax, 30*time.Second)
-	defD(&c.OutboxInterval, 5*time.Second)
 	defI := func(p *int, v int) {
 		if *p <= 0 {
 			*p = v

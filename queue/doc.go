@@ -3,9 +3,9 @@
 // TELHA_DLQ) and this replica's durable pull consumer, decodes and validates
 // request messages (the wire contract of DESIGN §4), applies them in groups
 // through cascade.Ops (group commit: one durable batch per group, receipts
-// included), publishes one result per request, dead-letters what can never
-// apply, and publishes the results of journaled cascades from the durable
-// result outbox.
+// included), publishes one result per request (Publisher; package reaper
+// publishes journaled cascades' results from the durable outbox through the
+// same Publisher), and dead-letters what can never apply.
 //
 // Delivery: at-least-once in, exactly-once effect. A message is acked only
 // after its effect (and receipt) is durable and its result has been accepted

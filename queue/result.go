@@ -1,27 +1,36 @@
 package queue
 
 import (
-	"errors"
+	"context"
+	"encoding/json"
+	"fmt"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/storage"
 )
 
-// Result statuses (DESIGN §4, plus "failed": dead-lettered after the final
-// delivery of a transient failure; nothing was applied).
-const (
-	StatusOK                = "ok"
-	StatusNotFound          = "not_found"
-	StatusAlreadyTombstoned = "already_tombstoned"
-	StatusEndpointDead      = "endpoint_dead"
-	StatusCascadeInFlight   = "cascade_in_flight"
-	StatusInvalid           = "invalid"
-	StatusFailed            = "failed"
+// Result statuses: the wire names of storage.Status, where the one
+// vocabulary of outcomes lives (DESIGN §4, plus "failed": dead-lettered
+// after the final delivery of a transient failure; nothing was applied).
+var (
+	StatusOK                = storage.StatusOK.String()
+	StatusNotFound          = storage.StatusNotFound.String()
+	StatusAlreadyTombstoned = storage.StatusAlreadyTombstoned.String()
+	StatusEndpointDead      = storage.StatusEndpointDead.String()
+	StatusCascadeInFlight   = storage.StatusCascadeInFlight.String()
+	StatusInvalid           = storage.StatusInvalid.String()
+	StatusFailed            = storage.StatusFailed.String()
 )
 
 // Statuses lists every status, for metrics initialisation.
 func Statuses() []string {
-	return []string{StatusOK, StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid, StatusFailed}
+	var out []string
+	for _, s := range storage.Statuses() {
+		out = append(out, s.String())
+	}
+	return out
 }
 
 // Result is the result body published on telha.res.<tenant>, one per
@@ -38,50 +47,74 @@ type Result struct {
 	Journaled       bool   `json:"journaled"`
 }
 
-func statusOf(s storage.Status) string {
-	switch s {
-	case storage.StatusOK:
-		return StatusOK
-	case storage.StatusNotFound:
-		return StatusNotFound
-	case storage.StatusAlreadyTombstoned:
-		return StatusAlreadyTombstoned
-	case storage.StatusEndpointDead:
-		return StatusEndpointDead
-	case storage.StatusCascadeInFlight:
-		return StatusCascadeInFlight
-	}
-	return StatusFailed
-}
-
 // ResultOfReceipt builds the result of a request from its receipt (fresh or
-// stored: a duplicate gets the same tx_time).
+// stored: a duplicate gets the same tx_time). err, when set, is the
+// refusal's cause.
 func ResultOfReceipt(tenant, requestID string, rc storage.Receipt, err error) Result {
-	res := Result{RequestID: requestID, Op: rc.Op.String(), Tenant: tenant, ID: rc.ID.String(), Status: statusOf(rc.Status)}
-	if rc.Status == storage.StatusOK {
+	res := Result{RequestID: requestID, Op: rc.Op.String(), Tenant: tenant, ID: rc.ID.String(), Status: rc.Status.String()}
+	switch {
+	case rc.Status == storage.StatusOK:
 		res.TxTime = rc.Tx.Time().Format(storage.TimeLayout)
 		if rc.Op == storage.OpTombstoneNode {
 			res.EdgesTombstoned, res.Journaled = rc.EdgesTombstoned, rc.Journaled
 		}
-	} else if err != nil {
+	case err != nil:
 		res.Error = err.Error()
-	} else {
+	default:
 		res.Error = res.Status
 	}
 	return res
 }
 
-// resultOfOutcome maps a non-journaled outcome to its result.
+// resultOfOutcome maps an answered or invalid outcome to its result (a
+// journaled one is answered from the outbox).
 func resultOfOutcome(req *cascade.Request, oc cascade.Outcome) Result {
-	if oc.Final {
+	if oc.Kind == cascade.Answered {
 		return ResultOfReceipt(req.Scope.Tenant(), req.RequestID, oc.Receipt, oc.Err)
 	}
-	res := Result{RequestID: req.RequestID, Op: req.Op.String(), Tenant: req.Scope.Tenant(), ID: req.ID.String(), Status: StatusInvalid}
-	if errors.Is(oc.Err, storage.ErrCascadeInFlight) {
-		res.Status = StatusCascadeInFlight
-	}
+	res := Result{RequestID: req.RequestID, Op: req.Op.String(), Tenant: req.Scope.Tenant(), ID: req.ID.String(), Status: oc.Status().String()}
 	if oc.Err != nil {
 		res.Error = oc.Err.Error()
 	}
 	return res
+}
+
+// resultMsg is the message of a result on the results stream.
+func resultMsg(cfg Config, res Result) *nats.Msg {
+	body, _ := json.Marshal(res)
+	m := nats.NewMsg(cfg.resSubject(res.Tenant))
+	m.Data = body
+	if res.RequestID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, "res-"+res.RequestID)
+	}
+	return m
+}
+
+// Publisher publishes results on the results stream, waiting for the
+// stream's ack. A result published twice within the stream's duplicate
+// window is stored once (Nats-Msg-Id res-<request_id>).
+type Publisher struct {
+	js  jetstream.JetStream
+	cfg Config
+}
+
+// NewPublisher returns a publisher over an open connection.
+func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Publisher{js: js, cfg: cfg.Defaults()}, nil
+}
+
+// Publish publishes one result and waits for the stream to store it.
+func (p *Publisher) Publish(ctx context.Context, res Result) error {
+	_, err := p.js.PublishMsg(ctx, resultMsg(p.cfg, res))
+	return err
+}
+
+// PublishResult publishes the result of a request from its receipt (the
+// result outbox of finished journals: reaper.Publisher).
+func (p *Publisher) PublishResult(ctx context.Context, tenant, requestID string, rc storage.Receipt) error {
+	return p.Publish(ctx, ResultOfReceipt(tenant, requestID, rc, nil))
 }

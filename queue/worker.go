@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,9 +44,8 @@ type Worker struct {
 	hooks Hooks
 	log   *slog.Logger
 
-	cons       jetstream.Consumer
-	outboxKick chan struct{}
-	stats      atomic.Pointer[ConsumerStats]
+	cons  jetstream.Consumer
+	stats atomic.Pointer[ConsumerStats]
 }
 
 // New returns a worker over an open NATS connection and cascade engine.
@@ -59,7 +57,7 @@ func New(nc *nats.Conn, ops *cascade.Ops, cfg Config, hooks Hooks, log *slog.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker{cfg: cfg.Defaults(), nc: nc, js: js, ops: ops, store: ops.Store(), hooks: hooks, log: log, outboxKick: make(chan struct{}, 1)}, nil
+	return &Worker{cfg: cfg.Defaults(), nc: nc, js: js, ops: ops, store: ops.Store(), hooks: hooks, log: log}, nil
 }
 
 // Config returns the effective configuration.
@@ -92,14 +90,6 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 	}
 	w.stats.Store(&ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()})
 	return nil
-}
-
-// KickOutbox asks the outbox publisher to run soon (journal finished).
-func (w *Worker) KickOutbox() {
-	select {
-	case w.outboxKick <- struct{}{}:
-	default:
-	}
 }
 
 // item is one message of a group on its way through the pipeline.
@@ -164,12 +154,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(in)
 		inMu.Unlock()
 	}()
-
-	var outboxWG sync.WaitGroup
-	outboxCtx, stopOutbox := context.WithCancel(context.Background())
-	outboxWG.Add(1)
-	go func() { defer outboxWG.Done(); w.runOutbox(outboxCtx) }()
-	defer func() { stopOutbox(); outboxWG.Wait() }()
 
 	groups := make(chan []*item, 2)
 	finished := make(chan struct{})
@@ -269,7 +253,7 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 	outs, _, err := w.ops.Apply(context.Background(), reqs)
 	stop()
 	for k, i := range idx {
-		if outs[k].Final || outs[k].Err != nil || outs[k].Journal != nil {
+		if outs[k].Kind != 0 {
 			items[i].applied, items[i].outcome = true, outs[k]
 		} else {
 			items[i].failure = err
@@ -337,10 +321,10 @@ func (w *Worker) finish(items []*item) {
 				continue
 			}
 			_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
-		case it.outcome.Journal != nil:
+		case it.outcome.Kind == cascade.Journaled:
 			// The journal (the commit point) is durable: the cascade will
 			// complete, and its result is published from the outbox when the
-			// node tombstone lands.
+			// node tombstone lands (package reaper).
 			w.ack(it)
 		default:
 			res := resultOfOutcome(&it.req, it.outcome)
@@ -378,15 +362,7 @@ func (w *Worker) ack(it *item) {
 	}
 }
 
-func (w *Worker) resultMsg(res Result) *nats.Msg {
-	body, _ := json.Marshal(res)
-	m := nats.NewMsg(w.cfg.resSubject(res.Tenant))
-	m.Data = body
-	if res.RequestID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, "res-"+res.RequestID)
-	}
-	return m
-}
+func (w *Worker) resultMsg(res Result) *nats.Msg { return resultMsg(w.cfg, res) }
 
 func (w *Worker) publishResult(res Result) (jetstream.PubAckFuture, error) {
 	return w.js.PublishMsgAsync(w.resultMsg(res))
@@ -429,50 +405,4 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	if w.hooks.Acked != nil {
 		w.hooks.Acked(it.opLabel(), time.Since(it.received))
 	}
-}
-
-func (w *Worker) runOutbox(ctx context.Context) {
-	t := time.NewTicker(w.cfg.OutboxInterval)
-	defer t.Stop()
-	for {
-		if _, err := w.PublishOutbox(ctx); err != nil && ctx.Err() == nil {
-			w.log.Warn("result outbox", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-w.outboxKick:
-		case <-t.C:
-		}
-	}
-}
-
-// PublishOutbox publishes the results of finished journaled cascades and
-// deletes each outbox row once the results stream has it. A crash in
-// between republishes with the same Nats-Msg-Id (deduplicated).
-func (w *Worker) PublishOutbox(ctx context.Context) (int, error) {
-	n := 0
-	for _, sc := range w.store.Tenants() {
-		rows, keys, err := w.store.PendingOutbox(sc)
-		if err != nil {
-			return n, err
-		}
-		for i, o := range rows {
-			res := ResultOfReceipt(o.Tenant, o.RequestID, o.Receipt, nil)
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := w.js.PublishMsg(pctx, w.resultMsg(res))
-			cancel()
-			if err != nil {
-				return n, fmt.Errorf("publish result of %q: %w", o.RequestID, err)
-			}
-			if err := w.store.AckOutbox(keys[i]); err != nil {
-				return n, err
-			}
-			if w.hooks.Result != nil {
-				w.hooks.Result(res.Op, res.Status)
-			}
-			n++
-		}
-	}
-	return n, nil
 }

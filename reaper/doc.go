@@ -1,21 +1,29 @@
-// Package reaper makes crash recovery automatic: it resumes orphaned cascade
-// journals (PR-030 of the seed), once at startup before the worker consumes
-// anything, and then on a cron schedule (robfig/cron).
+// Package reaper owns every cascade journal's life after its commit point.
 //
-// A journal is an orphan when no live applier holds its lease. Leases live
-// in memory (storage.JournalEntry): one process owns a store, so a lease
-// needs no durable record, and a restarted process starts with every
-// journal unowned. An applier heartbeats its lease on every chunk; the
-// reaper takes a journal only when its lease is free or its heartbeat is
-// older than the lease TTL, and chunk commits happen under the lease, so the
-// reaper never races a live applier and never applies a journal twice at
-// once. A pass that would overlap the previous one is skipped, not stacked.
+// A journaled tombstone_node commits its journal head in its group's batch
+// (package cascade decides that); from then on this package has it:
 //
-// A journal that cannot be decoded, or keeps failing, never crashes or
-// wedges a pass: it is counted, logged with its key, backed off, and
-// reported (metrics and /v1/journals); the others are still resumed.
+//   - hand-off: Service.Begin (cascade.JournalSink) starts an applier at
+//     once, on the writer's word that the head is durable;
+//   - applying: cascade.Ops.ApplyJournal, at most one applier per journal
+//     (the lease is the service's record of it; leases live in memory
+//     because one process owns a store, so a restarted process starts with
+//     every journal unowned);
+//   - passes: RunOnce, once at startup before the worker consumes anything
+//     (every journal a previous process left is applied to completion),
+//     then on a cron schedule (robfig/cron) for journals whose applier
+//     failed; a pass that would overlap the previous one is skipped;
+//   - backoff and poison: a failing journal is retried after
+//     RetryBackoff * 2^(failures-1) (at most 10 minutes) and reported as
+//     poison after PoisonAfter failures; an undecodable head is poison from
+//     the start. Neither stops the others;
+//   - results: the journal's removal stores its request's receipt and a
+//     result-outbox row in one batch; the service publishes the outbox
+//     (Publisher, the queue's results stream) and deletes each row once
+//     published;
+//   - progress: Journals and Summarize, for /v1/journals and the gauges.
 //
-// What it must not do: decide cascade semantics (cascade.Ops.Resume does),
-// delete journals it cannot read, or publish results itself (the queue's
-// result outbox does, from the receipt the resume stores).
+// What it must not do: decide cascade semantics (package cascade does),
+// commit anything but through the store's writer, delete journals it cannot
+// read, or import the queue (it takes a Publisher).
 package reaper

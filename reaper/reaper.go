@@ -9,52 +9,91 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/storage"
 )
 
-// Config configures the reaper. Zero fields take the defaults below.
+// Publisher publishes the result of a finished journaled request (the
+// queue's results stream). It must be idempotent per (tenant, request id):
+// a crash between publishing and deleting the outbox row publishes again.
+type Publisher interface {
+	PublishResult(ctx context.Context, tenant, requestID string, rc storage.Receipt) error
+}
+
+// Config configures the service. Zero fields take the defaults below.
 type Config struct {
+	// Applier applies one journal (cascade semantics and chunking).
+	// Required.
+	Applier *cascade.Applier
+	// Publisher publishes finished journals' results from the outbox. Nil:
+	// outbox rows wait (tests of the store alone).
+	Publisher Publisher
 	// Schedule is the cron spec of passes (5-field, or a descriptor such as
-	// "@every 30s"). Default "@every 30s": an orphan left by a crashed
-	// applier waits at most that long plus the lease TTL.
+	// "@every 30s"). Default "@every 30s": a journal whose applier failed is
+	// tried again at the first pass after its backoff.
 	Schedule string
-	// BatchSize is how many journal heads a pass reads per page, so a pass
-	// over many journals holds little memory. Default 100.
-	BatchSize int
-	// StepTimeout bounds the resumption of one journal; a super-node
-	// journal of a million edges takes seconds, so the default is generous:
+	// StepTimeout bounds one attempt at one journal; a super-node journal
+	// of ten million edges takes about a minute, so the default is generous:
 	// 30 minutes.
 	StepTimeout time.Duration
+	// StallTimeout: an attempt whose applier makes no progress (no chunk
+	// lands) for this long while applying (not while it waits for an
+	// earlier journal) is abandoned and retried like a failure. Default 1
+	// minute: a chunk of 100k puts takes well under a second.
+	StallTimeout time.Duration
 	// PoisonAfter: a journal that failed this many times is reported as
 	// poison (it is still retried, with backoff). Default 5.
 	PoisonAfter int
 	// RetryBackoff is the base of the backoff between attempts on a failing
 	// journal: base * 2^(failures-1), capped at 10 minutes. Default 30s.
 	RetryBackoff time.Duration
+	// OutboxInterval: how often the outbox is checked besides the kicks of
+	// finished journals and passes (a publish that failed is retried then).
+	// Default 5s.
+	OutboxInterval time.Duration
+	// PublishTimeout bounds one result's publish. Default 10s.
+	PublishTimeout time.Duration
 	// Clock is the wall clock (default the system clock); tests inject one.
-	Clock storage.Clock
-	// OnRun, when set, receives every pass's result (metrics; test signal).
-	OnRun  func(RunResult)
+	Clock  storage.Clock
+	Hooks  Hooks
 	Logger *slog.Logger
+}
+
+// Hooks observe the service: metrics, and test signals in place of sleeps.
+// Every field is optional; none may block for long.
+type Hooks struct {
+	// Run receives every pass's result.
+	Run func(RunResult)
+	// Finished fires when an attempt at a journal ends: err nil (the
+	// journal is removed and its receipt rc stored), or why it stopped.
+	Finished func(e *storage.JournalEntry, rc storage.Receipt, err error)
+	// Published fires once per result published from the outbox.
+	Published func(tenant string, rc storage.Receipt)
 }
 
 func (c Config) withDefaults() Config {
 	if c.Schedule == "" {
 		c.Schedule = "@every 30s"
 	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = 100
-	}
 	if c.StepTimeout <= 0 {
 		c.StepTimeout = 30 * time.Minute
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = time.Minute
 	}
 	if c.PoisonAfter <= 0 {
 		c.PoisonAfter = 5
 	}
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = 30 * time.Second
+	}
+	if c.OutboxInterval <= 0 {
+		c.OutboxInterval = 5 * time.Second
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 10 * time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = storage.SystemClock{}
@@ -67,183 +106,531 @@ func (c Config) withDefaults() Config {
 
 // RunResult is what one pass did.
 type RunResult struct {
-	Skipped  bool // the previous pass was still running
-	Tenants  int
-	Scanned  int // journal heads seen
-	Resumed  int // orphans resumed to completion
-	Held     int // left alone: a live applier holds them
-	Deferred int // failing journals whose backoff has not elapsed
-	Failed   int // attempts that failed this pass
-	Poison   int // undecodable heads, plus journals failing PoisonAfter times or more
-	Err      error
-	Took     time.Duration
+	Skipped   bool // the previous pass was still running
+	Journals  int  // journals registered when the pass began
+	Resumed   int  // journals this pass applied to completion
+	Held      int  // left alone: an applier is already on them
+	Deferred  int  // failing journals whose backoff has not elapsed
+	Failed    int  // attempts that failed this pass
+	Poison    int  // undecodable heads, plus journals failing PoisonAfter times or more
+	Published int  // results published from the outbox
+	Err       error
+	Took      time.Duration
 }
 
-// ParseSchedule validates a cron spec the way the reaper reads it.
+// ParseSchedule validates a cron spec the way the service reads it.
 func ParseSchedule(spec string) (cron.Schedule, error) {
 	return cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor).Parse(spec)
 }
 
-// Reaper resumes orphaned journals.
-type Reaper struct {
+// State is where a journal is in its life.
+type State string
+
+const (
+	StateApplying State = "applying" // an applier is on it
+	StateWaiting  State = "waiting"  // its applier waits for an earlier journal sharing an edge
+	StatePending  State = "pending"  // no applier yet (a restart); the next pass takes it
+	StateFailing  State = "failing"  // its last attempt failed; retried after a backoff
+	StatePoison   State = "poison"   // its head cannot be decoded
+)
+
+// Status is one journal as /v1/journals and the gauges show it.
+type Status struct {
+	Scope      storage.Scope
+	NodeID     uuid.UUID
+	RequestID  string
+	Tx         storage.Ts
+	ValidEnd   storage.Ts
+	EdgesTotal int64 // -1 until its applier has counted them
+	EdgesDone  int64
+	Age        time.Duration // since the journal was written
+	State      State
+	WaitingFor uuid.UUID // StateWaiting: the earlier journal's node
+	Failures   int
+	LastError  string
+	Key        string // StatePoison: the head's key, hex
+}
+
+// journal is the service's record of one journal: who applies it (the
+// lease: at most one applier at a time), its progress and its failures.
+type journal struct {
+	e *storage.JournalEntry
+
+	mu         sync.Mutex
+	active     bool
+	done       chan struct{} // closed when the active attempt ends
+	total      int64
+	applied    int64
+	waitingFor *storage.JournalEntry
+	progress   time.Time // last progress of the active attempt
+	failures   int
+	lastErr    string
+	failedAt   time.Time
+}
+
+// Service owns every cascade journal's life after its commit point: the
+// hand-off from the cascade (Begin), applying it (one applier per journal),
+// the startup pass and the cron passes that take up journals left by a
+// restart or a failure, backoff and poison, publishing the result from the
+// outbox, and the progress /v1/journals and the metrics show.
+type Service struct {
 	cfg   Config
-	ops   *cascade.Ops
 	store *storage.Store
+
+	mu       sync.Mutex
+	journals map[string]*journal // by head key
+	started  bool
+	stopping bool
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 
 	running atomic.Bool
 	cron    *cron.Cron
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	started bool
+	kick    chan struct{}
+	pubMu   sync.Mutex
 }
 
-// New returns a reaper; it fails on a bad schedule.
-func New(ops *cascade.Ops, cfg Config) (*Reaper, error) {
+// New returns the service; it fails on a bad schedule or a missing Applier.
+// Journals handed over before Start wait for it (or for RunOnce).
+func New(store *storage.Store, cfg Config) (*Service, error) {
 	cfg = cfg.withDefaults()
+	if cfg.Applier == nil {
+		return nil, errors.New("reaper: Config.Applier is required")
+	}
 	sched, err := ParseSchedule(cfg.Schedule)
 	if err != nil {
 		return nil, fmt.Errorf("reaper schedule %q: %w", cfg.Schedule, err)
 	}
-	r := &Reaper{cfg: cfg, ops: ops, store: ops.Store()}
-	r.cron = cron.New(cron.WithLocation(time.UTC))
-	r.cron.Schedule(sched, cron.FuncJob(func() {
-		r.wg.Add(1)
-		defer r.wg.Done()
-		r.RunOnce(r.ctx)
-	}))
-	return r, nil
+	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.cron = cron.New(cron.WithLocation(time.UTC))
+	s.cron.Schedule(sched, cron.FuncJob(func() { s.RunOnce(s.ctx) }))
+	return s, nil
 }
 
-// Start starts the schedule. The caller runs the startup pass (RunOnce)
+// Start starts the cron passes and the outbox publisher, and takes up the
+// journals handed over so far. The caller runs the startup pass (RunOnce)
 // itself, before consuming messages.
-func (r *Reaper) Start(ctx context.Context) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.started {
+func (s *Service) Start() {
+	s.mu.Lock()
+	if s.started || s.stopping {
+		s.mu.Unlock()
 		return
 	}
-	r.ctx, r.cancel = context.WithCancel(ctx)
-	r.started = true
-	r.cron.Start()
+	s.started = true
+	s.mu.Unlock()
+	s.cron.Start()
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.publishLoop() }()
 }
 
-// Stop stops the schedule, cancels a running pass between journals (a
-// journal being resumed pauses between chunks; it stays durable) and waits
-// for it.
-func (r *Reaper) Stop() {
-	r.mu.Lock()
-	if !r.started {
-		r.mu.Unlock()
+// Stop stops the passes, stops appliers between chunks (their journals stay
+// durable; the next process resumes them), publishes what the outbox holds
+// one last time, and waits.
+func (s *Service) Stop() {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
 		return
 	}
-	r.started = false
-	r.mu.Unlock()
-	<-r.cron.Stop().Done()
-	r.cancel()
-	r.wg.Wait()
+	s.stopping = true
+	started := s.started
+	s.mu.Unlock()
+	s.cancel() // a pass in progress waits for attempts that stop on it
+	if started {
+		<-s.cron.Stop().Done()
+	}
+	s.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+	defer cancel()
+	if _, err := s.PublishOutbox(ctx); err != nil {
+		s.cfg.Logger.Warn("results of finished cascades left in the outbox for the next start", "err", err)
+	}
+}
+
+// Begin takes a journal whose head just committed (cascade.JournalSink). It
+// runs on the writer, so it only starts the applier.
+func (s *Service) Begin(e *storage.JournalEntry) {
+	j := s.record(e)
+	s.mu.Lock()
+	ok := s.started && !s.stopping
+	s.mu.Unlock()
+	if ok {
+		s.startAttempt(j)
+	}
+}
+
+func (s *Service) record(e *storage.JournalEntry) *journal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := s.journals[string(e.HeadKey)]
+	if j == nil || j.e != e {
+		j = &journal{e: e, total: -1}
+		s.journals[string(e.HeadKey)] = j
+	}
+	return j
+}
+
+// startAttempt starts an applier on j unless one is on it (the lease). It
+// returns the channel closed when the attempt ends, and whether it started
+// one.
+func (s *Service) startAttempt(j *journal) (<-chan struct{}, bool) {
+	j.mu.Lock()
+	if j.active {
+		done := j.done
+		j.mu.Unlock()
+		return done, false
+	}
+	j.active, j.done, j.waitingFor = true, make(chan struct{}), nil
+	done := j.done
+	j.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.attempt(j)
+	}()
+	return done, true
+}
+
+// attempt applies j once, to completion or to its first failure.
+func (s *Service) attempt(j *journal) {
+	e := j.e
+	var (
+		rc  storage.Receipt
+		err error
+	)
+	defer func() {
+		j.mu.Lock()
+		j.active, j.waitingFor = false, nil
+		close(j.done)
+		j.mu.Unlock()
+		if s.cfg.Hooks.Finished != nil {
+			s.cfg.Hooks.Finished(e, rc, err)
+		}
+	}()
+	ctx, cancel := context.WithTimeoutCause(s.ctx, s.cfg.StepTimeout, fmt.Errorf("attempt exceeded the step timeout of %s", s.cfg.StepTimeout))
+	defer cancel()
+	ctx, stall := context.WithCancelCause(ctx)
+	defer stall(nil)
+	now := s.cfg.Clock.Now
+	j.mu.Lock()
+	j.progress = now()
+	j.mu.Unlock()
+	obs := cascade.JournalObserver{
+		Counted: func(n int64) { j.mu.Lock(); j.total, j.progress = n, now(); j.mu.Unlock() },
+		Applied: func(n int64) { j.mu.Lock(); j.applied, j.waitingFor, j.progress = n, nil, now(); j.mu.Unlock() },
+		Waiting: func(on *storage.JournalEntry) { j.mu.Lock(); j.waitingFor = on; j.mu.Unlock() },
+	}
+	watchdog := make(chan struct{})
+	defer close(watchdog)
+	go s.watch(j, stall, watchdog)
+	err = func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic applying journal: %v", p)
+			}
+		}()
+		rc, err = s.cfg.Applier.ApplyJournal(ctx, e, obs)
+		return err
+	}()
+	switch {
+	case err == nil || errors.Is(err, storage.ErrJournalGone):
+		err = nil
+		s.forget(j)
+		s.kickPublish()
+	case s.ctx.Err() == nil && ctx.Err() != nil:
+		err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
+		fallthrough
+	default:
+		j.mu.Lock()
+		j.failures++
+		j.lastErr, j.failedAt = err.Error(), s.cfg.Clock.Now()
+		n := j.failures
+		j.mu.Unlock()
+		s.cfg.Logger.Error("cascade journal not finished; a later pass retries it", "tenant", e.Scope.Tenant(), "node", e.J.NodeID,
+			"tx", e.J.Tx.String(), "journal", fmt.Sprintf("%x", e.HeadKey), "attempt", n, "err", err)
+	case s.ctx.Err() != nil:
+		s.cfg.Logger.Info("cascade journal paused by shutdown; the next start resumes it", "tenant", e.Scope.Tenant(), "node", e.J.NodeID, "tx", e.J.Tx.String())
+	}
+}
+
+// watch abandons j's attempt when it stalls: no progress for StallTimeout
+// while applying (waiting for an earlier journal is not a stall).
+func (s *Service) watch(j *journal, stall context.CancelCauseFunc, done <-chan struct{}) {
+	t := time.NewTicker(max(s.cfg.StallTimeout/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		now := s.cfg.Clock.Now()
+		j.mu.Lock()
+		if j.waitingFor != nil {
+			j.progress = now
+		}
+		idle := now.Sub(j.progress)
+		j.mu.Unlock()
+		if idle > s.cfg.StallTimeout {
+			stall(fmt.Errorf("applier stalled: no progress for %s (StallTimeout %s)", idle.Round(time.Millisecond), s.cfg.StallTimeout))
+			return
+		}
+	}
+}
+
+func (s *Service) forget(j *journal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.journals[string(j.e.HeadKey)] == j {
+		delete(s.journals, string(j.e.HeadKey))
+	}
 }
 
 // RunOnce runs one pass, unless one is already running (then it returns a
-// Skipped result at once).
-func (r *Reaper) RunOnce(ctx context.Context) RunResult {
-	if !r.running.CompareAndSwap(false, true) {
+// Skipped result at once): it starts an applier on every registered journal
+// that has none and whose backoff has elapsed, waits for those attempts to
+// end, and publishes the outbox. At startup, before any message is
+// consumed, it resumes every journal a previous process left.
+func (s *Service) RunOnce(ctx context.Context) RunResult {
+	if !s.running.CompareAndSwap(false, true) {
 		res := RunResult{Skipped: true}
-		r.report(res)
+		s.report(res)
 		return res
 	}
-	defer r.running.Store(false)
+	defer s.running.Store(false)
 	start := time.Now()
-	res := r.pass(ctx)
+	res := s.pass(ctx)
 	res.Took = time.Since(start)
-	r.report(res)
+	s.report(res)
 	return res
 }
 
-func (r *Reaper) report(res RunResult) {
-	log := r.cfg.Logger
-	switch {
-	case res.Skipped:
-		log.Info("reaper pass skipped: the previous pass is still running")
-	case res.Err != nil:
-		log.Warn("reaper pass finished with errors", "resumed", res.Resumed, "failed", res.Failed, "poison", res.Poison, "err", res.Err)
-	case res.Resumed > 0 || res.Poison > 0:
-		log.Info("reaper pass", "scanned", res.Scanned, "resumed", res.Resumed, "held", res.Held, "poison", res.Poison, "took", res.Took)
-	}
-	if r.cfg.OnRun != nil {
-		r.cfg.OnRun(res)
-	}
-}
-
-func (r *Reaper) pass(ctx context.Context) RunResult {
+func (s *Service) pass(ctx context.Context) RunResult {
 	var res RunResult
 	var errs []error
-	for _, sc := range r.store.Tenants() {
-		res.Tenants++
-		var cursor []byte
-		for {
-			if err := ctx.Err(); err != nil {
-				res.Err = errors.Join(append(errs, err)...)
-				return res
-			}
-			page, poison, next, err := r.store.JournalHeads(sc, cursor, r.cfg.BatchSize)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("tenant %s: list journals: %w", sc.Tenant(), err))
-				break
-			}
-			res.Scanned += len(page) + len(poison)
-			res.Poison += len(poison)
-			for _, e := range page {
-				r.step(ctx, e, &res, &errs)
-			}
-			if next == nil {
-				break
-			}
-			cursor = next
+	entries := s.store.Journals().List()
+	res.Journals = len(entries)
+	res.Poison = len(s.store.Journals().Poison())
+	type started struct {
+		j    *journal
+		done <-chan struct{}
+	}
+	var mine []started
+	now := s.cfg.Clock.Now()
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
 		}
+		j := s.record(e)
+		j.mu.Lock()
+		fails, failedAt, active := j.failures, j.failedAt, j.active
+		j.mu.Unlock()
+		if active {
+			res.Held++
+			continue
+		}
+		if fails > 0 && now.Sub(failedAt) < backoff(s.cfg.RetryBackoff, fails) {
+			res.Deferred++
+			continue
+		}
+		if done, ok := s.startAttempt(j); ok {
+			mine = append(mine, started{j, done})
+		} else {
+			res.Held++
+		}
+	}
+	for _, m := range mine {
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+			errs = append(errs, ctx.Err())
+			res.Err = errors.Join(errs...)
+			return res
+		}
+		m.j.mu.Lock()
+		fails, last, active := m.j.failures, m.j.lastErr, m.j.active
+		m.j.mu.Unlock()
+		switch {
+		case !s.store.Journals().Registered(m.j.e):
+			res.Resumed++
+		case active:
+			res.Held++ // a hand-off started it again meanwhile
+		default:
+			res.Failed++
+			errs = append(errs, fmt.Errorf("journal %x (tenant %s, node %s): %s", m.j.e.HeadKey, m.j.e.Scope.Tenant(), m.j.e.J.NodeID, last))
+			if fails >= s.cfg.PoisonAfter {
+				res.Poison++
+			}
+		}
+	}
+	n, err := s.PublishOutbox(ctx)
+	res.Published = n
+	if err != nil {
+		errs = append(errs, err)
 	}
 	res.Err = errors.Join(errs...)
 	return res
 }
 
-// step resumes one journal if it is an orphan whose backoff has elapsed.
-// A panic while resuming is caught and counted like any failure.
-func (r *Reaper) step(ctx context.Context, e *storage.JournalEntry, res *RunResult, errs *[]error) {
-	defer func() {
-		if fails, _ := e.Failures(); fails >= r.cfg.PoisonAfter {
-			res.Poison++
+func backoff(base time.Duration, failures int) time.Duration {
+	d := base << min(failures-1, 20)
+	if d > 10*time.Minute || d <= 0 {
+		d = 10 * time.Minute
+	}
+	return d
+}
+
+func (s *Service) report(res RunResult) {
+	log := s.cfg.Logger
+	switch {
+	case res.Skipped:
+		log.Info("reaper pass skipped: the previous pass is still running")
+	case res.Err != nil:
+		log.Warn("reaper pass finished with errors", "resumed", res.Resumed, "failed", res.Failed, "poison", res.Poison, "err", res.Err)
+	case res.Resumed > 0 || res.Poison > 0 || res.Published > 0:
+		log.Info("reaper pass", "journals", res.Journals, "resumed", res.Resumed, "held", res.Held, "poison", res.Poison, "published", res.Published, "took", res.Took)
+	}
+	if s.cfg.Hooks.Run != nil {
+		s.cfg.Hooks.Run(res)
+	}
+}
+
+// Wait blocks until no applier is running (tests).
+func (s *Service) Wait() {
+	for {
+		var dones []chan struct{}
+		s.mu.Lock()
+		for _, j := range s.journals {
+			j.mu.Lock()
+			if j.active {
+				dones = append(dones, j.done)
+			}
+			j.mu.Unlock()
 		}
-	}()
-	fails, _ := e.Failures()
-	if fails > 0 {
-		backoff := r.cfg.RetryBackoff << min(fails-1, 20)
-		if backoff > 10*time.Minute || backoff <= 0 {
-			backoff = 10 * time.Minute
-		}
-		if r.cfg.Clock.Now().Sub(e.LastFailure()) < backoff {
-			res.Deferred++
+		s.mu.Unlock()
+		if len(dones) == 0 {
 			return
 		}
+		for _, d := range dones {
+			<-d
+		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.StepTimeout)
-	defer cancel()
-	err := func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("panic resuming journal: %v", p)
-				e.RecordFailure(err, r.cfg.Clock.Now())
+}
+
+// Journals reports every journal, oldest commit first, poison heads last.
+func (s *Service) Journals() []Status {
+	now := s.cfg.Clock.Now()
+	var out []Status
+	for _, e := range s.store.Journals().List() {
+		st := Status{Scope: e.Scope, NodeID: e.J.NodeID, RequestID: e.J.Prov.RequestID, Tx: e.J.Tx, ValidEnd: e.J.ValidEnd,
+			EdgesTotal: -1, Age: max(0, now.Sub(e.J.CreatedAt.Time())), State: StatePending}
+		s.mu.Lock()
+		j := s.journals[string(e.HeadKey)]
+		s.mu.Unlock()
+		if j != nil && j.e == e {
+			j.mu.Lock()
+			st.EdgesTotal, st.EdgesDone, st.Failures, st.LastError = j.total, j.applied, j.failures, j.lastErr
+			switch {
+			case j.active && j.waitingFor != nil:
+				st.State, st.WaitingFor = StateWaiting, j.waitingFor.J.NodeID
+			case j.active:
+				st.State = StateApplying
+			case j.failures > 0:
+				st.State = StateFailing
 			}
-		}()
-		return r.ops.Resume(sctx, e)
-	}()
-	switch {
-	case err == nil:
-		res.Resumed++
-	case errors.Is(err, cascade.ErrLeaseHeld):
-		res.Held++
-	default:
-		res.Failed++
-		*errs = append(*errs, fmt.Errorf("journal %x (tenant %s, node %s): %w", e.HeadKey, e.Scope.Tenant(), e.J.NodeID, err))
+			j.mu.Unlock()
+		}
+		out = append(out, st)
 	}
+	for _, p := range s.store.Journals().Poison() {
+		out = append(out, Status{Scope: p.Scope, State: StatePoison, LastError: p.Err, Key: fmt.Sprintf("%x", p.HeadKey),
+			EdgesTotal: -1, Age: max(0, now.Sub(p.Seen))})
+	}
+	return out
+}
+
+// Summary is what the journal gauges show.
+type Summary struct {
+	InFlight int           // decodable journals not yet removed
+	Oldest   time.Duration // age of the oldest of them
+	Poison   int           // undecodable heads, plus journals failing PoisonAfter times or more
+}
+
+// Summarize reads the gauges' figures (at scrape time).
+func (s *Service) Summarize() Summary {
+	var sum Summary
+	for _, st := range s.Journals() {
+		if st.State == StatePoison {
+			sum.Poison++
+			continue
+		}
+		sum.InFlight++
+		if st.Failures >= s.cfg.PoisonAfter {
+			sum.Poison++
+		}
+		sum.Oldest = max(sum.Oldest, st.Age)
+	}
+	return sum
+}
+
+func (s *Service) kickPublish() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Service) publishLoop() {
+	t := time.NewTicker(s.cfg.OutboxInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.kick:
+		case <-t.C:
+		}
+		if _, err := s.PublishOutbox(s.ctx); err != nil && s.ctx.Err() == nil {
+			s.cfg.Logger.Warn("result outbox", "err", err)
+		}
+	}
+}
+
+// PublishOutbox publishes the results of finished journaled cascades and
+// deletes each outbox row (through the writer) once the publisher has it.
+// A crash in between publishes again (the publisher is idempotent). It
+// returns how many it published.
+func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
+	if s.cfg.Publisher == nil {
+		return 0, nil
+	}
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	n := 0
+	for _, sc := range s.store.Tenants() {
+		rows, keys, err := s.store.PendingOutbox(sc)
+		if err != nil {
+			return n, err
+		}
+		for i, o := range rows {
+			pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+			err := s.cfg.Publisher.PublishResult(pctx, o.Tenant, o.RequestID, o.Receipt)
+			cancel()
+			if err != nil {
+				return n, fmt.Errorf("publish result of %q: %w", o.RequestID, err)
+			}
+			key := keys[i]
+			if err := s.store.Update(ctx, func(t *storage.Txn) error { t.DeleteOutbox(key); return nil }); err != nil {
+				return n, err
+			}
+			if s.cfg.Hooks.Published != nil {
+				s.cfg.Hooks.Published(o.Tenant, o.Receipt)
+			}
+			n++
+		}
+	}
+	return n, nil
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -308,7 +309,9 @@ func ParseOp(s string) (Op, bool) {
 // Ops lists every op in a fixed order.
 func Ops() []Op { return []Op{OpPutNode, OpPutEdge, OpTombstoneNode, OpTombstoneEdge} }
 
-// Status is the final outcome recorded in a receipt.
+// Status is the one vocabulary of request outcomes: what a receipt
+// records, what a result's "status" field says (String is the wire name),
+// and which sentinel error a refusal wraps (Err, StatusOf).
 type Status uint8
 
 const (
@@ -320,7 +323,68 @@ const (
 	// request touches. Stored like the others, so a redelivery of the
 	// request gets the same answer (retry with a new request id).
 	StatusCascadeInFlight
+	// StatusInvalid: the request can never apply (never stored: deciding
+	// again gives the same answer).
+	StatusInvalid
+	// StatusFailed: transient failures outlasted the delivery limit;
+	// nothing was applied (never stored).
+	StatusFailed
 )
+
+var statusNames = [...]string{
+	StatusOK: "ok", StatusNotFound: "not_found", StatusAlreadyTombstoned: "already_tombstoned",
+	StatusEndpointDead: "endpoint_dead", StatusCascadeInFlight: "cascade_in_flight",
+	StatusInvalid: "invalid", StatusFailed: "failed",
+}
+
+// String is the status's name in results (DESIGN §4).
+func (s Status) String() string {
+	if int(s) < len(statusNames) && statusNames[s] != "" {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Statuses lists every status, in order.
+func Statuses() []Status {
+	return []Status{StatusOK, StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid, StatusFailed}
+}
+
+// Stored reports whether a receipt may record s.
+func (s Status) Stored() bool { return s >= StatusOK && s <= StatusCascadeInFlight }
+
+// Err returns the sentinel a refusal with status s wraps (nil for ok and
+// for statuses without one).
+func (s Status) Err() error {
+	switch s {
+	case StatusNotFound:
+		return ErrNotFound
+	case StatusAlreadyTombstoned:
+		return ErrAlreadyTombstoned
+	case StatusEndpointDead:
+		return ErrEndpointDead
+	case StatusCascadeInFlight:
+		return ErrCascadeInFlight
+	case StatusInvalid:
+		return ErrInvalid
+	}
+	return nil
+}
+
+// StatusOf returns the status of a decision's error: ok for nil, the
+// refusal's status for a refusal sentinel, invalid for ErrInvalid. ok is
+// false for anything else (a storage or decode failure: no answer).
+func StatusOf(err error) (Status, bool) {
+	if err == nil {
+		return StatusOK, true
+	}
+	for _, s := range []Status{StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid} {
+		if errors.Is(err, s.Err()) {
+			return s, true
+		}
+	}
+	return 0, false
+}
 
 // Receipt is the durable record of a request's final outcome, stored in the
 // same batch as its effect so that a request id seen again returns it
@@ -363,7 +427,7 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 		if _, ok := opNames[r.Op]; !ok {
 			d.fail("bad op %d", r.Op)
 		}
-		if r.Status < StatusOK || r.Status > StatusCascadeInFlight {
+		if !r.Status.Stored() {
 			d.fail("bad status %d", r.Status)
 		}
 		if flags&^flagJournaled != 0 {
@@ -381,8 +445,13 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 }
 
 // Journal is a cascade journal head: everything needed to rebuild the
-// cascade's write-set byte-identically (the original tx, never a fresh one).
-// The edge ids live in PageCount page rows of at most JournalPageSize ids.
+// cascade's write-set byte-identically (the original tx, never a fresh
+// one). The edges are the node's, frozen by the journal's fence from the
+// head's commit on (see JournalEntry), so the head lists none: Edges and
+// PageCount are 0 in heads this build writes. Heads of older builds list
+// their edge ids in PageCount page rows of at most JournalPageSize ids;
+// they are read the same way (the pages are ignored, then deleted with the
+// head).
 type Journal struct {
 	NodeID    uuid.UUID
 	ValidEnd  Ts

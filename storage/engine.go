@@ -55,8 +55,6 @@ func (c *StallCounter) Stats() (uint64, time.Duration) {
 	return c.count, total
 }
 
-// OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
-// nil (the OS filesystem) or a fault-injecting vfs.FS.
 // Sizes of Pebble's memory. Zero fields take the defaults.
 type Sizes struct {
 	// CacheBytes is the block cache. Default 128 MiB: Pebble's own default
@@ -84,6 +82,9 @@ func tune(opts *pebble.Options, sz Sizes) {
 	}
 }
 
+// OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
+// nil (the OS filesystem) or a fault-injecting vfs.FS. onFatal receives
+// Pebble's fatal errors and must not return.
 func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), adjust func(*pebble.Options), sizes Sizes) (*PebbleEngine, error) {
 	if sizes.CacheBytes == 0 {
 		sizes.CacheBytes = 128 << 20
@@ -163,7 +164,8 @@ func (l pebbleLogger) Errorf(format string, args ...any) {
 }
 
 // Fatalf is Pebble's "cannot continue" (for example a failed WAL write:
-// its commit pipeline is unusable afterwards). It must not return.
+// its commit pipeline is unusable afterwards). It must not return: the
+// store records the error (Store.Fatal) and parks the goroutine.
 func (l pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if l.fatal != nil {

@@ -125,8 +125,9 @@ func TestFlushAndCompactionErrorsAreSurvived(t *testing.T) {
 
 // TestWALWriteFailureIsFatalAndLeavesNoPartialWriteSet: Pebble cannot
 // continue after a failed WAL write (its commit pipeline is unusable), so
-// the store calls OnFatal, whose default exits with status 3 for the
-// supervisor to restart the process. A child process writes edges (5 puts
+// the store raises Fatal (it never ends the process itself); the child,
+// like cmd/worker, then exits with status 3 for the supervisor to restart
+// it. A child process writes edges (5 puts
 // each, one batch per edge) until the filesystem starts failing WAL
 // writes; the parent then reopens the directory: every write the child saw
 // acknowledged is there, and no write-set is partial.
@@ -141,8 +142,8 @@ func TestWALWriteFailureIsFatalAndLeavesNoPartialWriteSet(t *testing.T) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, _ := cmd.Output()
-	if code := cmd.ProcessState.ExitCode(); code != ExitFatalStorage {
-		t.Fatalf("child exit %d, want %d (fatal storage error)\nstderr:\n%s", code, ExitFatalStorage, stderr.String())
+	if code := cmd.ProcessState.ExitCode(); code != walChildFatalExit {
+		t.Fatalf("child exit %d, want %d (fatal storage error)\nstderr:\n%s", code, walChildFatalExit, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), "fatal storage error") {
 		t.Fatalf("no clear fatal error in the log:\n%s", stderr.String())
@@ -168,6 +169,8 @@ func TestWALWriteFailureIsFatalAndLeavesNoPartialWriteSet(t *testing.T) {
 	}
 }
 
+const walChildFatalExit = 3
+
 func walFaultChild(dir string) {
 	var armed atomic.Bool
 	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
@@ -181,6 +184,14 @@ func walFaultChild(dir string) {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(1)
 	}
+	go func() {
+		<-s.Fatal()
+		if !errors.Is(s.FatalErr(), ErrFatal) {
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, s.FatalErr())
+		os.Exit(walChildFatalExit)
+	}()
 	sc := MustScope("wal")
 	a, b := uuid.New(), uuid.New()
 	for _, n := range []uuid.UUID{a, b} {

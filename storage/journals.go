@@ -1,139 +1,51 @@
 package storage
 
 import (
-	"fmt"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 )
 
-// JournalEntry is the in-memory state of one durable cascade journal: the
-// decoded head, its progress, and its lease.
+// JournalEntry is a durable cascade journal head, as the registry holds it.
 //
-// While an entry exists its node is fenced: every write that touches the
-// node (a put of the node, a put or tombstone of an edge with it as an
-// endpoint, a cascade that would tombstone such an edge) is refused with
-// ErrCascadeInFlight. The registry is rebuilt from the jobs keyspace when the
-// store opens, so it always equals the set of durable journal heads (plus
-// poison heads that could not be decoded, which fence nothing because their
-// node is unknown).
+// While an entry is registered its node is fenced: every write that touches
+// the node (a put of the node, a put or tombstone of an edge with it as an
+// endpoint, an inline cascade that would tombstone such an edge) is refused
+// with ErrCascadeInFlight, and a journaled cascade that shares an edge with
+// it waits for it if it came later (see cascade.ScanJournal). The registry
+// equals the set of durable journal heads at every point of the commit
+// order: it is loaded at open, and changed only on the writer, in the task
+// whose commit makes the change true (Txn.BeginJournal, Txn.RemoveJournal).
 //
-// Ownership is a lease held in memory: one process owns the store, so a
-// lease needs no durable record. An applier takes the lease, heartbeats it on
-// every chunk, and commits each chunk through WithLease, which serialises
-// the journal's commits: two appliers can never commit chunks of the same
-// journal at once, and a stale holder whose lease was taken over finds out
-// before its next commit.
+// What the fence buys (Invariant, frozen neighbourhood): from the commit of
+// a journal head for node N until its removal, the only versions written of
+// edges touching N are the tombstones of N's own journal and of journals
+// committed before it (lower tx). So N's edges can be re-read from the
+// adjacency keyspaces at any time and give the cascade's write-set.
+//
+// The entry holds no lease, progress or failure count: the journal's runner
+// (package reaper) owns those.
 type JournalEntry struct {
 	Scope   Scope
 	HeadKey []byte
 	J       Journal
 
-	edgesDone atomic.Int64
-
-	applyMu   sync.Mutex // serialises chunk commits of this journal
-	mu        sync.Mutex // guards the fields below; never held across I/O
-	owner     uint64
-	heartbeat time.Time
-	failures  int
-	lastErr   string
-	failedAt  time.Time
+	removed chan struct{} // closed when the removal commits
 }
 
-var leaseTokens atomic.Uint64
-
-// NewLeaseToken returns a process-unique lease token.
-func NewLeaseToken() uint64 { return leaseTokens.Add(1) }
-
-// TryAcquire takes the lease if nobody holds it or the holder's heartbeat is
-// older than ttl.
-func (e *JournalEntry) TryAcquire(token uint64, now time.Time, ttl time.Duration) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.owner != 0 && now.Sub(e.heartbeat) <= ttl {
-		return false
-	}
-	e.owner, e.heartbeat = token, now
-	return true
+func newJournalEntry(sc Scope, key []byte, j Journal) *JournalEntry {
+	return &JournalEntry{Scope: sc, HeadKey: key, J: j, removed: make(chan struct{})}
 }
 
-// Release gives the lease up if token holds it.
-func (e *JournalEntry) Release(token uint64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.owner == token {
-		e.owner = 0
-	}
-}
-
-// ErrLeaseLost: the applier's lease was taken over; it must stop.
-var ErrLeaseLost = fmt.Errorf("%w: journal lease lost", ErrStorage)
-
-// WithLease runs fn (a chunk commit) if token still holds the lease, then
-// heartbeats it. Commits of one journal are serialised (applyMu), so even a
-// stale holder racing the reaper's takeover never commits at the same time
-// as the new holder, and finds out it lost the lease before its next chunk.
-// Readers of the lease (/v1/journals, the reaper) never wait for the I/O.
-func (e *JournalEntry) WithLease(token uint64, now func() time.Time, fn func() error) error {
-	e.applyMu.Lock()
-	defer e.applyMu.Unlock()
-	e.mu.Lock()
-	held := e.owner == token
-	e.mu.Unlock()
-	if !held {
-		return ErrLeaseLost
-	}
-	err := fn()
-	e.mu.Lock()
-	if e.owner == token {
-		e.heartbeat = now()
-	}
-	e.mu.Unlock()
-	return err
-}
-
-// Lease reports the holder (0 for none) and the last heartbeat.
-func (e *JournalEntry) Lease() (owner uint64, heartbeat time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.owner, e.heartbeat
-}
-
-// RecordFailure notes a failed apply attempt and returns the failure count.
-func (e *JournalEntry) RecordFailure(err error, now time.Time) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.failures++
-	e.lastErr = err.Error()
-	e.failedAt = now
-	return e.failures
-}
-
-// LastFailure returns when the last failed attempt happened (zero if none).
-func (e *JournalEntry) LastFailure() time.Time {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.failedAt
-}
-
-// Failures returns the failed attempts so far and the last error.
-func (e *JournalEntry) Failures() (int, string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.failures, e.lastErr
-}
-
-// EdgesDone returns the number of journaled edges whose tombstone landed.
-func (e *JournalEntry) EdgesDone() int64 { return e.edgesDone.Load() }
-
-// SetEdgesDone records progress.
-func (e *JournalEntry) SetEdgesDone(n int64) { e.edgesDone.Store(n) }
+// Removed returns a channel closed once the journal's removal has committed
+// (its fence is down).
+func (e *JournalEntry) Removed() <-chan struct{} { return e.removed }
 
 // PoisonJournal is a journal head that could not be decoded. It is kept
-// (never deleted by the service) for an operator to inspect.
+// (never deleted by the service) for an operator to inspect. It fences
+// nothing: its node is unknown.
 type PoisonJournal struct {
 	Scope   Scope
 	HeadKey []byte
@@ -150,7 +62,8 @@ type reqRef struct {
 	tenant, request string
 }
 
-// Journals is the registry of durable journals (the fences).
+// Journals is the registry of durable journals (the fences). Reads are safe
+// from any goroutine; changes happen on the writer only.
 type Journals struct {
 	mu     sync.RWMutex
 	byNode map[nodeRef]*JournalEntry
@@ -192,6 +105,25 @@ func (r *Journals) ByKey(headKey []byte) *JournalEntry {
 	return r.byKey[string(headKey)]
 }
 
+// Registered reports whether e is (still) registered.
+func (r *Journals) Registered(e *JournalEntry) bool { return r.ByKey(e.HeadKey) == e }
+
+// FencesBefore returns the nodes of a tenant fenced by journals committed
+// before tx (lower tx), each with its journal. Called on the writer
+// (Store.Exclusive) together with a snapshot, it tells a journal's applier
+// which of its neighbours an earlier journal may still write.
+func (r *Journals) FencesBefore(s Scope, tx Ts) map[uuid.UUID]*JournalEntry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := map[uuid.UUID]*JournalEntry{}
+	for ref, e := range r.byNode {
+		if ref.tenant == s.tenant && e.J.Tx < tx {
+			out[ref.node] = e
+		}
+	}
+	return out
+}
+
 func (r *Journals) add(e *JournalEntry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -211,7 +143,9 @@ func (r *Journals) remove(e *JournalEntry) {
 	if r.byReq[reqRef{e.Scope.tenant, e.J.Prov.RequestID}] == e {
 		delete(r.byReq, reqRef{e.Scope.tenant, e.J.Prov.RequestID})
 	}
-	delete(r.byKey, string(e.HeadKey))
+	if r.byKey[string(e.HeadKey)] == e {
+		delete(r.byKey, string(e.HeadKey))
+	}
 }
 
 // addPoison records an undecodable head; it reports whether it is new.
@@ -225,7 +159,7 @@ func (r *Journals) addPoison(p *PoisonJournal) bool {
 	return true
 }
 
-// List returns every journal entry, oldest first.
+// List returns every journal entry, in commit order (by tx).
 func (r *Journals) List() []*JournalEntry {
 	r.mu.RLock()
 	out := make([]*JournalEntry, 0, len(r.byKey))
@@ -234,8 +168,8 @@ func (r *Journals) List() []*JournalEntry {
 	}
 	r.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].J.CreatedAt != out[j].J.CreatedAt {
-			return out[i].J.CreatedAt < out[j].J.CreatedAt
+		if out[i].J.Tx != out[j].J.Tx {
+			return out[i].J.Tx < out[j].J.Tx
 		}
 		return string(out[i].HeadKey) < string(out[j].HeadKey)
 	})

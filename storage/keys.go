@@ -206,6 +206,12 @@ func JournalPageKey(s Scope, priority byte, createdAt Ts, jobID uuid.UUID, page 
 	return binary.BigEndian.AppendUint32(b, page)
 }
 
+// JournalPagesRange bounds every page row of one journal.
+func JournalPagesRange(s Scope, priority byte, createdAt Ts, jobID uuid.UUID) (lower, upper []byte) {
+	p := JobKey(s, JournalPageState, priority, createdAt, jobID)
+	return p, PrefixEnd(p)
+}
+
 // JobsInState returns the [lower, upper) bounds of a tenant's job rows in one
 // state, ordered by (priority, created_at, job_id).
 func JobsInState(s Scope, state byte) (lower, upper []byte) {

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/google/uuid"
 )
 
 // Options configure Open. Every field is optional.
@@ -43,21 +41,11 @@ type Options struct {
 	Pebble func(*pebble.Options)
 	// Sizes of Pebble's block cache and memtables (defaults in Sizes).
 	Sizes Sizes
-	// OnFatal is called when Pebble reports an error it cannot continue
-	// after (a failed WAL or MANIFEST write leaves its commit pipeline
-	// unusable). It must not return. Default: log and exit with status 3,
-	// for the supervisor to restart the process; everything synced before
-	// is intact, nothing after it is partially applied.
-	OnFatal func(msg string)
 }
 
 // ErrDiskFull: the disk-space reserve is exhausted; writes are refused
 // until space is freed. It wraps ErrStorage (retryable).
 var ErrDiskFull = fmt.Errorf("%w: disk full", ErrStorage)
-
-// ExitFatalStorage is the exit status of a process stopped by a fatal
-// storage error.
-const ExitFatalStorage = 3
 
 // Store is the tritemporal version store. It is safe for concurrent use:
 // reads run concurrently against committed state; writes that allocate a
@@ -68,7 +56,8 @@ type Store struct {
 	log      *slog.Logger
 	onCommit func(time.Duration, int, error)
 
-	writeMu sync.Mutex // serialises Update
+	w     *writer
+	fatal *fatalState
 
 	tenantsMu sync.RWMutex
 	tenants   map[string]bool
@@ -103,14 +92,8 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	onFatal := opts.OnFatal
-	if onFatal == nil {
-		onFatal = func(msg string) {
-			log.Error("fatal storage error: exiting for the supervisor to restart the worker; synced data is intact", "err", msg)
-			os.Exit(ExitFatalStorage)
-		}
-	}
-	pe, err := OpenPebble(dir, opts.FS, log, onFatal, opts.Pebble, opts.Sizes)
+	fatal := newFatalState()
+	pe, err := OpenPebble(dir, opts.FS, log, fatal.raise, opts.Pebble, opts.Sizes)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +101,7 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 	if opts.WrapEngine != nil {
 		eng = opts.WrapEngine(eng)
 	}
-	s, err := OpenEngine(eng, opts)
+	s, err := openEngine(eng, opts, fatal)
 	if err != nil {
 		_ = pe.Close()
 		return nil, err
@@ -132,6 +115,10 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 
 // OpenEngine opens a store over an already open engine.
 func OpenEngine(eng Engine, opts Options) (*Store, error) {
+	return openEngine(eng, opts, newFatalState())
+}
+
+func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -144,6 +131,7 @@ func OpenEngine(eng Engine, opts Options) (*Store, error) {
 		journals: newJournals(),
 		minFree:  opts.MinFreeBytes,
 		diskFree: opts.DiskFree,
+		fatal:    fatal,
 	}
 	if err := s.checkFormat(); err != nil {
 		return nil, err
@@ -159,6 +147,7 @@ func OpenEngine(eng Engine, opts Options) (*Store, error) {
 	if err := s.loadJournals(); err != nil {
 		return nil, err
 	}
+	s.w = newWriter()
 	return s, nil
 }
 
@@ -234,69 +223,29 @@ func (s *Store) loadTenants() error {
 	})
 }
 
+// loadJournals registers every durable journal head (an undecodable one is
+// recorded as poison). It runs once, at open, before the writer starts;
+// from then on only the writer changes the registry, in the same task as
+// the commit that makes the change true.
 func (s *Store) loadJournals() error {
 	for _, sc := range s.Tenants() {
-		if err := s.LoadJournals(sc); err != nil {
+		lo, hi := JobsInState(sc, CascadeJournalState)
+		err := scan(s.eng, lo, hi, func(k, v []byte) error {
+			e, derr := journalEntry(sc, k, v)
+			if derr != nil {
+				p := &PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: derr.Error(), Seen: s.clock.Wall().Now()}
+				s.journals.addPoison(p)
+				s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", derr)
+				return nil
+			}
+			s.journals.add(e)
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// LoadJournals registers every durable journal head of a tenant that is not
-// registered yet (a head that fails to decode is recorded as poison). The
-// store calls it at open; the reaper calls it on each pass.
-func (s *Store) LoadJournals(sc Scope) error {
-	var cursor []byte
-	for {
-		_, _, next, err := s.JournalHeads(sc, cursor, 1024)
-		if err != nil || next == nil {
-			return err
-		}
-		cursor = next
-	}
-}
-
-// JournalHeads pages through a tenant's journal heads in key order (by
-// priority, then created_at): up to limit heads strictly after the key
-// `after` (nil: from the first). Heads not registered yet are registered;
-// undecodable ones are recorded as poison and returned apart. next is the
-// cursor of the following page (the last key read), nil when none is left.
-func (s *Store) JournalHeads(sc Scope, after []byte, limit int) (page []*JournalEntry, poison []*PoisonJournal, next []byte, err error) {
-	lo, hi := JobsInState(sc, CascadeJournalState)
-	if after != nil {
-		lo = append(append([]byte(nil), after...), 0) // the smallest key > after
-	}
-	var last []byte
-	n := 0
-	err = scan(s.eng, lo, hi, func(k, v []byte) error {
-		if n == limit {
-			next = last
-			return errStopScan
-		}
-		n++
-		last = append(last[:0:0], k...)
-		if e := s.journals.ByKey(k); e != nil {
-			page = append(page, e)
-			return nil
-		}
-		e, derr := journalEntry(sc, k, v)
-		if derr != nil {
-			p := &PoisonJournal{Scope: sc, HeadKey: append([]byte(nil), k...), Err: derr.Error(), Seen: s.clock.Wall().Now()}
-			if s.journals.addPoison(p) {
-				s.log.Error("undecodable cascade journal", "tenant", sc.Tenant(), "key", fmt.Sprintf("%x", k), "err", derr)
-			}
-			poison = append(poison, p)
-			return nil
-		}
-		s.journals.add(e)
-		page = append(page, e)
-		return nil
-	})
-	if errors.Is(err, errStopScan) {
-		err = nil
-	}
-	return page, poison, next, err
 }
 
 var errStopScan = errors.New("stop scan")
@@ -316,14 +265,16 @@ func journalEntry(sc Scope, k, v []byte) (*JournalEntry, error) {
 	if j.Tx != key.CreatedAt {
 		return nil, fmt.Errorf("%w: journal tx %d differs from key created_at %d", ErrDecode, j.Tx, key.CreatedAt)
 	}
-	return &JournalEntry{Scope: sc, HeadKey: append([]byte(nil), k...), J: j}, nil
+	return newJournalEntry(sc, append([]byte(nil), k...), j), nil
 }
 
-// Close closes the engine. Callers stop writers first.
+// Close stops the writer (the tasks already queued still run) and closes
+// the engine. Callers stop submitting first.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	s.w.close()
 	if err := s.eng.Close(); err != nil {
 		return fmt.Errorf("%w: close: %w", ErrStorage, err)
 	}
@@ -363,14 +314,10 @@ func (s *Store) NewSnapshot() *pebble.Snapshot { return s.eng.NewSnapshot() }
 // Reader returns a reader of the latest committed state.
 func (s *Store) Reader() pebble.Reader { return s.eng }
 
-// NewBatch returns an empty write batch for CommitDurable.
+// NewBatch returns an empty write batch for CommitBatch.
 func (s *Store) NewBatch(opts ...pebble.BatchOption) *pebble.Batch { return s.eng.NewBatch(opts...) }
 
-// CommitDurable commits a batch that allocates no new transaction time (a
-// cascade chunk re-using its journal's tx, a journal removal). Batches that
-// carry a new tx must go through Update, which persists the clock.
-func (s *Store) CommitDurable(b *pebble.Batch) error { return s.commit(b) }
-
+// commit makes b durable. It runs on the writer only (writer.go).
 func (s *Store) commit(b *pebble.Batch) error {
 	if s.closed.Load() {
 		return fmt.Errorf("%w: store closed", ErrStorage)
@@ -436,11 +383,13 @@ func (s *Store) Health() (consecutiveFailures int64, last string) {
 	return s.failures.Load(), last
 }
 
-// Update runs fn in a serialised read-write transaction and commits its
-// writes in one durable batch. fn reads through the Txn, which sees the
-// committed state plus the transaction's own pending writes. If fn returns
-// an error nothing is written. After a successful commit the transaction's
-// after-commit actions run, still serialised with other Updates.
+// Update runs fn on the writer (foreground lane) in a read-write
+// transaction and commits its writes in one durable batch. fn reads through
+// the Txn, which sees the committed state plus the transaction's own pending
+// writes; nothing else commits until this batch has (writer.go). If fn
+// returns an error nothing is written and the transaction's in-memory
+// effects (fences it raised) are rolled back. After a successful commit the
+// transaction's after-commit actions run, still on the writer.
 //
 // Invariant: every tx allocated inside an Update lands in the batch's
 // tx-index entries or journal head, which is where a reopened store reads
@@ -449,20 +398,25 @@ func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	if s.closed.Load() {
-		return fmt.Errorf("%w: store closed", ErrStorage)
-	}
+	return s.w.do(ctx, Foreground, func() error { return s.update(fn) })
+}
+
+func (s *Store) update(fn func(*Txn) error) (err error) {
 	t := &Txn{s: s, b: s.eng.NewIndexedBatch(), newTenants: map[string]bool{}}
 	t.r = txnReader{Batch: t.b, t: t}
 	defer t.b.Close()
 	defer t.closeIter()
+	defer func() {
+		if p := recover(); p != nil {
+			t.rollback()
+			panic(p)
+		}
+	}()
 	if err := fn(t); err != nil {
 		t.rollback()
 		return err
 	}
-	if t.b.Empty() {
+	if t.b.Empty() && len(t.newTenants) == 0 {
 		t.runAfterCommit()
 		return nil
 	}
@@ -484,66 +438,52 @@ func (s *Store) Update(ctx context.Context, fn func(*Txn) error) error {
 	return nil
 }
 
-// RemoveJournal durably deletes a journal (head and pages) and, when the
-// journal carries a request id, stores the request's receipt rc and a result
-// outbox row for the queue to publish, all in one batch; then it drops the
-// fence. These deletes are the only ones the cascade issues; they live in
-// the jobs keyspace.
-func (s *Store) RemoveJournal(e *JournalEntry, rc *Receipt) error {
-	b := s.eng.NewBatch()
-	defer b.Close()
-	key, err := DecodeKey(e.HeadKey)
-	if err != nil {
-		return err
-	}
-	_ = b.Delete(e.HeadKey, nil)
-	for p := uint32(0); p < e.J.PageCount; p++ {
-		_ = b.Delete(JournalPageKey(e.Scope, key.Priority, key.CreatedAt, key.JobID, p), nil)
-	}
-	if req := e.J.Prov.RequestID; req != "" && rc != nil {
-		_ = b.Set(ReceiptKey(e.Scope, req), EncodeReceipt(rc), nil)
-		o := Outbox{RequestID: req, Receipt: *rc}
-		_ = b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)
-	}
-	if err := s.commit(b); err != nil {
-		return err
-	}
-	s.journals.remove(e)
-	return nil
+// CommitBatch makes a prepared batch durable on the writer's background
+// lane (a journal chunk: versions re-using their journal's tx, no decision
+// to make). check, when set, runs on the writer right before the commit;
+// its error aborts it (an applier checks that its journal is still
+// registered).
+func (s *Store) CommitBatch(ctx context.Context, b *pebble.Batch, check func() error) error {
+	return s.CommitBatchAsync(ctx, b, check).Wait()
 }
 
-// JournalPages streams a journal's edge ids, page by page, from r.
-func JournalPages(r pebble.Reader, e *JournalEntry, fn func(ids []uuid.UUID) error) error {
-	key, err := DecodeKey(e.HeadKey)
-	if err != nil {
+// CommitBatchAsync queues CommitBatch and returns at once; an applier
+// builds its next chunk while this one commits. The batch must not be
+// touched until Wait returns.
+func (s *Store) CommitBatchAsync(ctx context.Context, b *pebble.Batch, check func() error) PendingCommit {
+	return PendingCommit{s.w.submit(ctx, Background, func() error {
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		return s.commit(b)
+	})}
+}
+
+// PendingCommit is a queued CommitBatchAsync.
+type PendingCommit struct{ ch <-chan taskResult }
+
+// Wait waits for the commit and returns its error.
+func (p PendingCommit) Wait() error { return wait(p.ch) }
+
+// Exclusive runs fn on the writer (foreground lane) with nothing else
+// running: what fn reads of the engine and of the journal registry is one
+// consistent point of the commit order. Journal appliers take their
+// snapshot and their view of other journals' fences this way.
+func (s *Store) Exclusive(ctx context.Context, fn func() error) error {
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var total uint64
-	for p := uint32(0); p < e.J.PageCount; p++ {
-		v, ok, err := getValue(r, JournalPageKey(e.Scope, key.Priority, key.CreatedAt, key.JobID, p))
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%w: journal %x: page %d missing", ErrDecode, e.HeadKey, p)
-		}
-		ids, err := DecodeJournalPage(v)
-		if err != nil {
-			return fmt.Errorf("journal %x page %d: %w", e.HeadKey, p, err)
-		}
-		total += uint64(len(ids))
-		if err := fn(ids); err != nil {
-			return err
-		}
-	}
-	if total != e.J.Edges {
-		return fmt.Errorf("%w: journal %x: pages hold %d edge ids, head says %d", ErrDecode, e.HeadKey, total, e.J.Edges)
-	}
-	return nil
+	return s.w.do(ctx, Foreground, fn)
 }
+
+// WriterIdle returns a channel closed once the writer has run every task
+// queued so far and has nothing to do (tests).
+func (s *Store) WriterIdle() <-chan struct{} { return s.w.whenIdle() }
 
 // PendingOutbox lists a tenant's finished journaled requests whose result has
-// not been published yet.
+// not been published yet, with their row keys.
 func (s *Store) PendingOutbox(sc Scope) ([]Outbox, [][]byte, error) {
 	lo, hi := JobsInState(sc, ResultOutboxState)
 	var out []Outbox
@@ -560,14 +500,6 @@ func (s *Store) PendingOutbox(sc Scope) ([]Outbox, [][]byte, error) {
 		return nil
 	})
 	return out, keys, err
-}
-
-// AckOutbox deletes a published outbox row.
-func (s *Store) AckOutbox(key []byte) error {
-	b := s.eng.NewBatch()
-	defer b.Close()
-	_ = b.Delete(key, nil)
-	return s.commit(b)
 }
 
 // getValue reads one key; ok is false when it is absent.

@@ -93,9 +93,7 @@ func TestWriteRefusals(t *testing.T) {
 	c := uuid.New()
 	mustNode(t, s, sc, c)
 	err = s.Update(ctx, func(tx *Txn) error {
-		w := tx.BeginJournal(sc, a, 0, tx.NextTx(), Provenance{DecidedAt: NoTs})
-		w.Add(uuid.New())
-		w.Finish(NewLeaseToken())
+		tx.BeginJournal(sc, a, 0, tx.NextTx(), Provenance{DecidedAt: NoTs})
 		return nil
 	})
 	if err != nil {
@@ -113,21 +111,24 @@ func TestWriteRefusals(t *testing.T) {
 	}
 }
 
+// TestJournalsReloadedOnOpen: a journal head is a fence across restarts,
+// and removing it deletes the head and the edge-id pages an older build
+// wrote beside it (here written by hand in that format).
 func TestJournalsReloadedOnOpen(t *testing.T) {
 	dir := t.TempDir()
 	s := openTest(t, dir, nil)
 	sc := MustScope("j")
 	n := uuid.New()
-	ids := make([]uuid.UUID, JournalPageSize+3)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
 	err := s.Update(context.Background(), func(tx *Txn) error {
-		w := tx.BeginJournal(sc, n, 5, tx.NextTx(), Provenance{RequestID: "r1", DecidedAt: NoTs})
-		for _, id := range ids {
-			w.Add(id)
+		e := tx.BeginJournal(sc, n, 5, tx.NextTx(), Provenance{RequestID: "r1", DecidedAt: NoTs})
+		// The older build's layout: the head counts its pages.
+		j := e.J
+		j.Edges, j.PageCount = JournalPageSize+3, 2
+		_ = tx.b.Set(e.HeadKey, EncodeJournal(&j), nil)
+		key, _ := DecodeKey(e.HeadKey)
+		for p := uint32(0); p < 2; p++ {
+			_ = tx.b.Set(JournalPageKey(sc, 0, key.CreatedAt, key.JobID, p), EncodeJournalPage([]uuid.UUID{uuid.New()}), nil)
 		}
-		w.Finish(NewLeaseToken())
 		return nil
 	})
 	if err != nil {
@@ -136,27 +137,36 @@ func TestJournalsReloadedOnOpen(t *testing.T) {
 	_ = s.Close()
 	s2 := openTest(t, dir, nil)
 	e := s2.Journals().Fenced(sc, n)
-	if e == nil || s2.Journals().ByRequest(sc, "r1") != e {
+	if e == nil || s2.Journals().ByRequest(sc, "r1") != e || e.J.PageCount != 2 {
 		t.Fatal("journal not reloaded as a fence")
 	}
-	if owner, _ := e.Lease(); owner != 0 {
-		t.Fatal("a reloaded journal must be unowned (an orphan)")
-	}
-	var got []uuid.UUID
-	if err := JournalPages(s2.Reader(), e, func(p []uuid.UUID) error { got = append(got, p...); return nil }); err != nil {
+	rc := Receipt{Op: OpTombstoneNode, Status: StatusOK, ID: n, Tx: e.J.Tx, Journaled: true}
+	if err := s2.Update(context.Background(), func(tx *Txn) error { return tx.RemoveJournal(e, &rc) }); err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(ids) || got[0] != ids[0] || got[len(got)-1] != ids[len(ids)-1] {
-		t.Fatalf("pages: %d ids back, want %d in order", len(got), len(ids))
+	select {
+	case <-e.Removed():
+	default:
+		t.Fatal("Removed not closed after the removal committed")
 	}
-	if err := s2.RemoveJournal(e, nil); err != nil {
-		t.Fatal(err)
-	}
-	lo, hi := TenantRange(ksJobs, sc)
 	rows := 0
-	_ = Scan(s2.Reader(), lo, hi, func(_, _ []byte) error { rows++; return nil })
+	for _, st := range []byte{CascadeJournalState, JournalPageState} {
+		lo, hi := JobsInState(sc, st)
+		_ = Scan(s2.Reader(), lo, hi, func(_, _ []byte) error { rows++; return nil })
+	}
 	if rows != 0 || s2.Journals().Fenced(sc, n) != nil {
 		t.Fatalf("journal removal left %d rows", rows)
+	}
+	if got, ok, err := GetReceipt(s2.Reader(), sc, "r1"); err != nil || !ok || got != rc {
+		t.Fatalf("receipt %+v %v %v, want %+v", got, ok, err, rc)
+	}
+	if out, _, err := s2.PendingOutbox(sc); err != nil || len(out) != 1 || out[0].RequestID != "r1" {
+		t.Fatalf("outbox %+v %v", out, err)
+	}
+	// A second removal of the same entry finds it gone.
+	err = s2.Update(context.Background(), func(tx *Txn) error { return tx.RemoveJournal(e, &rc) })
+	if !errors.Is(err, ErrJournalGone) {
+		t.Fatalf("second removal: %v, want ErrJournalGone", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -34,9 +35,11 @@ func (t *Txn) Reader() pebble.Reader { return t.r }
 // txnReader is the transaction's reader: the indexed batch, lending out
 // one iterator that it repositions for each read. SetOptions refreshes the
 // iterator's view of the batch, so every read sees the transaction's
-// writes so far; the committed state it merges with cannot change under it,
-// since Updates are serialised (and a concurrent journal chunk only writes
-// entities that every Update refuses to touch).
+// writes so far. The iterator keeps the view of committed state it had at
+// the transaction's first read; that view is still the committed state
+// when the transaction commits, because the transaction runs on the one
+// writer (writer.go: nothing commits between a decision's reads and its
+// batch).
 type txnReader struct {
 	*pebble.Batch
 	t *Txn
@@ -80,8 +83,19 @@ func (t *Txn) NextTx() Ts {
 	return t.s.clock.Next()
 }
 
-// Ops returns the number of writes pending in the transaction.
-func (t *Txn) Ops() int { return int(t.b.Count()) }
+// Ops returns the number of writes the transaction's batch will hold if it
+// commits now (tenant registry rows included): what max_batch_ops bounds.
+func (t *Txn) Ops() int { return int(t.b.Count()) + len(t.newTenants) }
+
+// NewTenant reports whether writing in sc would add the tenant's registry
+// row to the batch (one more op).
+func (t *Txn) NewTenant(sc Scope) bool {
+	return !t.s.knownTenant(sc.tenant) && !t.newTenants[sc.tenant]
+}
+
+// Fenced returns the journal fencing node, or nil. Decisions check fences
+// before the reads they guard.
+func (t *Txn) Fenced(sc Scope, node uuid.UUID) *JournalEntry { return t.s.journals.Fenced(sc, node) }
 
 // OnRollback registers an action to undo in-memory effects if the
 // transaction does not commit.
@@ -209,6 +223,7 @@ func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
 	if w.ValidFrom != NoTs && w.ValidTo != NoTs && w.ValidFrom >= w.ValidTo {
 		return Version{}, fmt.Errorf("%w: valid_from %s is not before valid_to %s", ErrInvalid, w.ValidFrom, w.ValidTo)
 	}
+	fenced := t.Fenced(sc, w.ID) != nil
 	latest, ok, err := t.Latest(sc, KindNode, w.ID)
 	if err != nil {
 		return Version{}, err
@@ -216,7 +231,7 @@ func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
 	if ok && latest.Tombstone {
 		return Version{}, fmt.Errorf("%w: node %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
 	}
-	if t.s.journals.Fenced(sc, w.ID) != nil {
+	if fenced {
 		return Version{}, fmt.Errorf("%w: node %s is being tombstoned", ErrCascadeInFlight, w.ID)
 	}
 	tx := t.NextTx()
@@ -245,6 +260,17 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 	if w.ValidFrom != NoTs && w.ValidTo != NoTs && w.ValidFrom >= w.ValidTo {
 		return Version{}, fmt.Errorf("%w: valid_from %s is not before valid_to %s", ErrInvalid, w.ValidFrom, w.ValidTo)
 	}
+	ends := []uuid.UUID{w.Src, w.Dst}
+	if w.Src == w.Dst {
+		ends = ends[:1]
+	}
+	var fence uuid.UUID
+	fenced := false
+	for _, n := range ends {
+		if !fenced && t.Fenced(sc, n) != nil {
+			fence, fenced = n, true
+		}
+	}
 	latest, ok, err := t.Latest(sc, KindEdge, w.ID)
 	if err != nil {
 		return Version{}, err
@@ -254,10 +280,6 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 	}
 	if ok && latest.Tombstone {
 		return Version{}, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
-	}
-	ends := []uuid.UUID{w.Src, w.Dst}
-	if w.Src == w.Dst {
-		ends = ends[:1]
 	}
 	var state [2]Version
 	for i, n := range ends {
@@ -275,10 +297,8 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 			return Version{}, fmt.Errorf("%w: endpoint node %s was tombstoned at tx %s", ErrEndpointDead, n, state[i].Tx.Start)
 		}
 	}
-	for _, n := range ends {
-		if t.s.journals.Fenced(sc, n) != nil {
-			return Version{}, fmt.Errorf("%w: endpoint node %s is being tombstoned", ErrCascadeInFlight, n)
-		}
+	if fenced {
+		return Version{}, fmt.Errorf("%w: endpoint node %s is being tombstoned", ErrCascadeInFlight, fence)
 	}
 	tx := t.NextTx()
 	valid, err := interval(w.ValidFrom, w.ValidTo, tx)
@@ -323,59 +343,59 @@ func JournalJobID(node uuid.UUID, tx Ts) uuid.UUID {
 	return uuid.NewHash(sha1.New(), uuid.NameSpaceOID, b[:], 5)
 }
 
-// JournalWriter streams a journal's edge ids into page rows of the
-// transaction's batch and finally writes the head. Nothing is durable until
-// the Update commits: the head and all its pages land in one synced batch,
-// which is the cascade's commit point.
-type JournalWriter struct {
-	t     *Txn
-	sc    Scope
-	j     Journal
-	jobID uuid.UUID
-	page  []uuid.UUID
-}
-
-// BeginJournal starts a journal for node at tx.
-func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance) *JournalWriter {
+// BeginJournal writes a journal head for node at tx (one put: the
+// cascade's commit point once the transaction commits) and registers it,
+// fencing the node for the rest of the transaction and, once committed,
+// until RemoveJournal. The head records what the cascade needs to be
+// re-derived at any time (node, tx, valid_end, provenance); the edges are
+// the node's, frozen by the fence (see JournalEntry).
+func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance) *JournalEntry {
 	t.touch(sc)
-	return &JournalWriter{
-		t: t, sc: sc, jobID: JournalJobID(node, tx),
-		j: Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now())},
-	}
-}
-
-// Add appends an edge id.
-func (w *JournalWriter) Add(id uuid.UUID) {
-	w.page = append(w.page, id)
-	w.j.Edges++
-	if len(w.page) == JournalPageSize {
-		w.flush()
-	}
-}
-
-func (w *JournalWriter) flush() {
-	if len(w.page) == 0 {
-		return
-	}
-	_ = w.t.b.Set(JournalPageKey(w.sc, 0, w.j.Tx, w.jobID, w.j.PageCount), EncodeJournalPage(w.page), nil)
-	w.j.PageCount++
-	w.page = w.page[:0]
-}
-
-// Finish writes the head and registers the journal (fencing its node) for
-// the rest of the transaction and, once committed, for good. The entry's
-// lease is held by token from the start, so the reaper never mistakes a
-// journal that is about to be applied for an orphan.
-func (w *JournalWriter) Finish(token uint64) *JournalEntry {
-	w.flush()
-	key := JobKey(w.sc, CascadeJournalState, 0, w.j.Tx, w.jobID)
-	_ = w.t.b.Set(key, EncodeJournal(&w.j), nil)
-	e := &JournalEntry{Scope: w.sc, HeadKey: key, J: w.j}
-	e.owner, e.heartbeat = token, w.t.s.clock.Wall().Now()
-	w.t.s.journals.add(e)
-	w.t.OnRollback(func() { w.t.s.journals.remove(e) })
+	j := Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now())}
+	key := JobKey(sc, CascadeJournalState, 0, tx, JournalJobID(node, tx))
+	_ = t.b.Set(key, EncodeJournal(&j), nil)
+	e := newJournalEntry(sc, key, j)
+	t.s.journals.add(e)
+	t.OnRollback(func() { t.s.journals.remove(e) })
 	return e
 }
+
+// ErrJournalGone: the journal is no longer registered (it was removed).
+var ErrJournalGone = errors.New("journal no longer registered")
+
+// RemoveJournal deletes a finished journal: its head, and the edge-id
+// pages an older build wrote beside it (one range delete). When the journal
+// answers a request, rc (the request's receipt) and a result-outbox row
+// join the same batch. The fence drops when the batch commits. These
+// deletes, the outbox's and the page range are the only deletes the store
+// issues; all live in the jobs keyspace.
+func (t *Txn) RemoveJournal(e *JournalEntry, rc *Receipt) error {
+	if !t.s.journals.Registered(e) {
+		return fmt.Errorf("%w: %x", ErrJournalGone, e.HeadKey)
+	}
+	key, err := DecodeKey(e.HeadKey)
+	if err != nil {
+		return err
+	}
+	_ = t.b.Delete(e.HeadKey, nil)
+	if e.J.PageCount > 0 {
+		lo, hi := JournalPagesRange(e.Scope, key.Priority, key.CreatedAt, key.JobID)
+		_ = t.b.DeleteRange(lo, hi, nil)
+	}
+	if req := e.J.Prov.RequestID; req != "" && rc != nil {
+		_ = t.b.Set(ReceiptKey(e.Scope, req), EncodeReceipt(rc), nil)
+		o := Outbox{RequestID: req, Receipt: *rc}
+		_ = t.b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)
+	}
+	t.AfterCommit(func() {
+		t.s.journals.remove(e)
+		close(e.removed)
+	})
+	return nil
+}
+
+// DeleteOutbox deletes a published result-outbox row.
+func (t *Txn) DeleteOutbox(key []byte) { _ = t.b.Delete(key, nil) }
 
 func sortScopes(s []Scope) { sort.Slice(s, func(i, j int) bool { return s[i].tenant < s[j].tenant }) }
 

@@ -262,7 +262,6 @@ func hubChild(ctx context.Context, o *options) (*childResult, error) {
 	}
 	defer st.Close()
 	ops := cascade.New(st, cascade.Options{Logger: quiet}) // default max_batch_ops
-	defer ops.Close()
 	sc := storage.MustScope("hub")
 	pe, ok := st.Engine().(countingEngine).Engine.(*storage.PebbleEngine)
 	if !ok {

@@ -10,10 +10,22 @@ import (
 	"syscall"
 
 	"github.com/telha/telha-cascade/app"
+	"github.com/telha/telha-cascade/storage"
 )
 
 // Set by the linker: -X main.version=... -X main.revision=...
 var version, revision string
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+	// exitFatalStorage: Pebble hit an error it cannot continue after (a
+	// failed WAL or MANIFEST write). Everything synced is intact; the
+	// supervisor restarts the process.
+	exitFatalStorage = 3
+)
 
 func main() {
 	os.Exit(run())
@@ -22,11 +34,11 @@ func main() {
 func run() int {
 	cfg, err := app.ParseFlags(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return 0
+		return exitOK
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 2
+		return exitUsage
 	}
 	if version != "" {
 		app.Build.Version = version
@@ -38,12 +50,17 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := app.Run(ctx, cfg, log, app.Options{}); err != nil {
-		log.Error("worker failed", "err", err)
-		if errors.Is(err, app.ErrUsage) {
-			return 2
+		switch {
+		case errors.Is(err, storage.ErrFatal):
+			log.Error("fatal storage error: exiting for the supervisor to restart the worker; synced data is intact", "err", err, "exit", exitFatalStorage)
+			return exitFatalStorage
+		case errors.Is(err, app.ErrUsage):
+			log.Error("worker failed", "err", err)
+			return exitUsage
 		}
-		return 1
+		log.Error("worker failed", "err", err)
+		return exitError
 	}
 	log.Info("worker stopped cleanly")
-	return 0
+	return exitOK
 }

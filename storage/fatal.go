@@ -1,0 +1,49 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrFatal: Pebble hit an error it cannot continue after (a failed WAL or
+// MANIFEST write leaves its commit pipeline unusable). Everything synced
+// before it is intact and no write-set is partial (WAL batches are atomic),
+// but this process can commit nothing more: the caller must stop and let
+// its supervisor restart it. The store never ends the process itself;
+// cmd/worker decides the exit status.
+var ErrFatal = errors.New("fatal storage error")
+
+type fatalState struct {
+	once sync.Once
+	ch   chan struct{}
+	err  error
+}
+
+func newFatalState() *fatalState { return &fatalState{ch: make(chan struct{})} }
+
+// raise records the first fatal error and wakes Fatal's waiters. Pebble
+// requires its Fatalf not to return, so the calling goroutine (Pebble's,
+// or the writer's inside a commit) parks for good: the process is about
+// to stop, and nothing that goroutine would do next is safe.
+func (f *fatalState) raise(msg string) {
+	f.once.Do(func() {
+		f.err = fmt.Errorf("%w: %s", ErrFatal, msg)
+		close(f.ch)
+	})
+	select {}
+}
+
+// Fatal returns a channel closed when the store hits a fatal error; FatalErr
+// then says which (wrapping ErrFatal).
+func (s *Store) Fatal() <-chan struct{} { return s.fatal.ch }
+
+// FatalErr returns the fatal error, or nil.
+func (s *Store) FatalErr() error {
+	select {
+	case <-s.fatal.ch:
+		return s.fatal.err
+	default:
+		return nil
+	}
+}
