@@ -27,25 +27,23 @@ type collected struct {
 //     beside the dead node: a forward ghost). Its new tombstone
 //     [validEnd, open) narrows its life; it does not resurrect it.
 //
-// Edges whose latest tombstone starts at or before validEnd are skipped.
-// Out rows come first, then in rows; a self-loop (found in both) once.
-// It reads only node's adjacency rows, sequentially: adjacency rows carry
-// the other endpoint, label, intervals and tombstone flag, so no per-edge
-// point read is needed.
-func collect(r pebble.Reader, sc storage.Scope, node uuid.UUID, validEnd storage.Ts, fn func(collected) error) error {
+// Edges whose latest tombstone starts at or before validEnd are skipped:
+// fn sees them with take false (the inline decision checks their
+// neighbours' fences too). Out rows come first, then in rows; a self-loop
+// (found in both) once. It reads only node's adjacency rows, sequentially:
+// adjacency rows carry the other endpoint, label, intervals and tombstone
+// flag, so no per-edge point read is needed.
+func collect(r pebble.Reader, sc storage.Scope, node uuid.UUID, validEnd storage.Ts, fn func(c collected, take bool) error) error {
 	for _, out := range []bool{true, false} {
 		err := storage.ScanAdjLatest(r, sc, out, node, func(e storage.AdjEdge) error {
 			if !out && e.Row.Other == node {
 				return nil // self-loop, already collected from the out rows
 			}
-			if !takes(e.Row, validEnd) {
-				return nil
-			}
 			c := collected{id: e.ID, src: node, dst: e.Row.Other, label: e.Row.Label}
 			if !out {
 				c.src, c.dst = e.Row.Other, node
 			}
-			return fn(c)
+			return fn(c, takes(e.Row, validEnd))
 		})
 		if err != nil {
 			return err
@@ -108,11 +106,13 @@ func (o *Ops) decideNode(t *storage.Txn, r *Request, b budget) (nodeDecision, er
 	if !ok {
 		return d, fmt.Errorf("%w: node %s", ErrNotFound, node)
 	}
+	if fence != nil {
+		// Before already_tombstoned: the node's own tombstone may be what
+		// the journal has just written (storage.ErrCascadeInFlight).
+		return d, fmt.Errorf("%w: node %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, node, fence.J.Tx)
+	}
 	if latest.Tombstone {
 		return d, fmt.Errorf("%w: node %s was tombstoned at tx %s", ErrAlreadyTombstoned, node, latest.Tx.Start)
-	}
-	if fence != nil {
-		return d, fmt.Errorf("%w: node %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, node, fence.J.Tx)
 	}
 	d.tx = t.NextTx()
 	d.validEnd = r.ValidEnd
@@ -122,16 +122,21 @@ func (o *Ops) decideNode(t *storage.Txn, r *Request, b budget) (nodeDecision, er
 	limit := (o.maxBatchOps - storage.OpsPerNodeVersion - b.overhead(r)) / storage.OpsPerEdgeVersion
 	var neighbour *storage.JournalEntry
 	var neighbourID uuid.UUID
-	err = collect(t.Reader(), sc, node, d.validEnd, func(c collected) error {
-		if len(d.edges) >= limit {
+	err = collect(t.Reader(), sc, node, d.validEnd, func(c collected, take bool) error {
+		if take && len(d.edges) >= limit {
 			return errTooBig
 		}
+		// Every edge's neighbour, taken or not: an in-flight journal of the
+		// neighbour may have written this edge already (half of it would
+		// be read) or may still write it.
 		if other := c.other(node); other != node && neighbour == nil {
 			if e := t.Fenced(sc, other); e != nil {
 				neighbour, neighbourID = e, other
 			}
 		}
-		d.edges = append(d.edges, c)
+		if take {
+			d.edges = append(d.edges, c)
+		}
 		return nil
 	})
 	switch {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,8 @@ type env struct {
 	store *storage.Store
 	ops   *Ops
 	opts  Options
+	// onTxnRead is the store's test signal (storage.Options.OnTxnRead).
+	onTxnRead atomic.Pointer[func()]
 }
 
 func openEnv(t testing.TB, dir string, opts Options) *env {
@@ -50,6 +53,11 @@ func (e *env) open() {
 		WrapEngine: func(inner storage.Engine) storage.Engine {
 			e.fault = storage.NewFaultEngine(inner)
 			return e.fault
+		},
+		OnTxnRead: func() {
+			if fn := e.onTxnRead.Load(); fn != nil {
+				(*fn)()
+			}
 		},
 	})
 	if err != nil {

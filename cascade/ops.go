@@ -377,18 +377,16 @@ func (o *Ops) tombstoneEdge(t *storage.Txn, r *Request) (storage.Ts, error) {
 		return 0, fmt.Errorf("%w: edge %s", ErrNotFound, r.ID)
 	}
 	// The endpoints are immutable, so the fence check can follow the read
-	// that names them: nothing commits in between (one writer).
-	fence := storage.NoTs
+	// that names them (nothing commits in between: one writer), and it
+	// comes before already_tombstoned: the edge's tombstone may be what
+	// the journal has just written.
 	for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
 		if e := t.Fenced(r.Scope, n); e != nil {
-			fence = e.J.Tx
+			return 0, fmt.Errorf("%w: endpoint node %s of edge %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, n, r.ID, e.J.Tx)
 		}
 	}
 	if latest.Tombstone {
 		return 0, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, r.ID, latest.Tx.Start)
-	}
-	if fence != storage.NoTs {
-		return 0, fmt.Errorf("%w: an endpoint of edge %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, r.ID, fence)
 	}
 	tx := t.NextTx()
 	validEnd := r.ValidEnd

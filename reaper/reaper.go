@@ -437,6 +437,8 @@ func (s *Service) pass(ctx context.Context) RunResult {
 			continue
 		}
 		if done, ok := s.startAttempt(j); ok {
+			s.cfg.Logger.Info("resuming cascade journal", "tenant", e.Scope.Tenant(), "node", e.J.NodeID, "tx", e.J.Tx.String(),
+				"request_id", e.J.Prov.RequestID, "failures", fails)
 			mine = append(mine, started{j, done})
 		} else {
 			res.Held++

@@ -41,6 +41,11 @@ type Options struct {
 	Pebble func(*pebble.Options)
 	// Sizes of Pebble's block cache and memtables (defaults in Sizes).
 	Sizes Sizes
+	// OnTxnRead, a test signal, is called before every read a transaction
+	// makes (Update). It may block: interleaving tests hold a decision
+	// between two of its reads with it and check that nothing commits
+	// meanwhile. Nil in production.
+	OnTxnRead func()
 }
 
 // ErrDiskFull: the disk-space reserve is exhausted; writes are refused
@@ -56,8 +61,9 @@ type Store struct {
 	log      *slog.Logger
 	onCommit func(time.Duration, int, error)
 
-	w     *writer
-	fatal *fatalState
+	w         *writer
+	fatal     *fatalState
+	onTxnRead func()
 
 	tenantsMu sync.RWMutex
 	tenants   map[string]bool
@@ -124,14 +130,15 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 		log = slog.Default()
 	}
 	s := &Store{
-		eng:      eng,
-		log:      log,
-		onCommit: opts.OnCommit,
-		tenants:  map[string]bool{},
-		journals: newJournals(),
-		minFree:  opts.MinFreeBytes,
-		diskFree: opts.DiskFree,
-		fatal:    fatal,
+		eng:       eng,
+		log:       log,
+		onCommit:  opts.OnCommit,
+		tenants:   map[string]bool{},
+		journals:  newJournals(),
+		minFree:   opts.MinFreeBytes,
+		diskFree:  opts.DiskFree,
+		fatal:     fatal,
+		onTxnRead: opts.OnTxnRead,
 	}
 	if err := s.checkFormat(); err != nil {
 		return nil, err
@@ -477,6 +484,10 @@ func (s *Store) Exclusive(ctx context.Context, fn func() error) error {
 	}
 	return s.w.do(ctx, Foreground, fn)
 }
+
+// WriterQueue returns the tasks waiting for the writer in each lane (not
+// counting the one running).
+func (s *Store) WriterQueue() (foreground, background int) { return s.w.queued() }
 
 // WriterIdle returns a channel closed once the writer has run every task
 // queued so far and has nothing to do (tests).

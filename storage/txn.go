@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -45,8 +46,19 @@ type txnReader struct {
 	t *Txn
 }
 
+// Get reads one key (through the test signal, like every read).
+func (r txnReader) Get(key []byte) ([]byte, io.Closer, error) {
+	if r.t.s.onTxnRead != nil {
+		r.t.s.onTxnRead()
+	}
+	return r.Batch.Get(key)
+}
+
 func (r txnReader) acquire(lo, hi []byte) (*pebble.Iterator, func() error, error) {
 	t := r.t
+	if t.s.onTxnRead != nil {
+		t.s.onTxnRead()
+	}
 	if t.itBusy { // a read nested in another read's scan: a fresh iterator
 		it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {
@@ -213,9 +225,10 @@ func props(p []byte) []byte {
 
 // PutNode appends a new node version at a new tx.
 //
-// Refused: AlreadyTombstoned when the node's latest version is a tombstone
-// (resurrection is forbidden); CascadeInFlight while the node's cascade
-// journal is being applied; Invalid for an empty valid interval.
+// Refused: Invalid for an empty valid interval; CascadeInFlight while the
+// node's cascade journal is in flight (before the next check: the
+// tombstone may be the journal's own); AlreadyTombstoned when the node's
+// latest version is a tombstone (resurrection is forbidden).
 func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
 	if sc.IsZero() {
 		return Version{}, fmt.Errorf("%w: no tenant", ErrInvalid)
@@ -223,16 +236,15 @@ func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
 	if w.ValidFrom != NoTs && w.ValidTo != NoTs && w.ValidFrom >= w.ValidTo {
 		return Version{}, fmt.Errorf("%w: valid_from %s is not before valid_to %s", ErrInvalid, w.ValidFrom, w.ValidTo)
 	}
-	fenced := t.Fenced(sc, w.ID) != nil
+	if e := t.Fenced(sc, w.ID); e != nil {
+		return Version{}, fmt.Errorf("%w: node %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, w.ID, e.J.Tx)
+	}
 	latest, ok, err := t.Latest(sc, KindNode, w.ID)
 	if err != nil {
 		return Version{}, err
 	}
 	if ok && latest.Tombstone {
 		return Version{}, fmt.Errorf("%w: node %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
-	}
-	if fenced {
-		return Version{}, fmt.Errorf("%w: node %s is being tombstoned", ErrCascadeInFlight, w.ID)
 	}
 	tx := t.NextTx()
 	valid, err := interval(w.ValidFrom, w.ValidTo, tx)
@@ -247,12 +259,14 @@ func (t *Txn) PutNode(sc Scope, w NodeWrite) (Version, error) {
 // PutEdge appends a new edge version at a new tx.
 //
 // Checked in this order: Invalid (empty interval, or an existing edge with
-// other endpoints: src and dst are immutable); AlreadyTombstoned (the edge's
-// latest version is a tombstone); NotFound (an endpoint never existed);
-// EndpointDead (an endpoint's latest version is a tombstone);
-// CascadeInFlight (an endpoint's cascade journal is being applied).
-// Endpoints are checked by their latest versions only, not over the edge's
-// whole valid interval.
+// other endpoints: src and dst are immutable); NotFound (an endpoint never
+// existed); CascadeInFlight (an endpoint's cascade journal is in flight);
+// AlreadyTombstoned (the edge's latest version is a tombstone);
+// EndpointDead (an endpoint's latest version is a tombstone). The fence
+// comes before the two states an in-flight journal writes (the edge's
+// tombstone, the node's), so no answer reveals half a cascade; existence
+// and endpoints are never changed by one. Endpoints are checked by their
+// latest versions only, not over the edge's whole valid interval.
 func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 	if sc.IsZero() {
 		return Version{}, fmt.Errorf("%w: no tenant", ErrInvalid)
@@ -264,12 +278,9 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 	if w.Src == w.Dst {
 		ends = ends[:1]
 	}
-	var fence uuid.UUID
-	fenced := false
-	for _, n := range ends {
-		if !fenced && t.Fenced(sc, n) != nil {
-			fence, fenced = n, true
-		}
+	var fences [2]*JournalEntry
+	for i, n := range ends {
+		fences[i] = t.Fenced(sc, n) // before the reads they guard
 	}
 	latest, ok, err := t.Latest(sc, KindEdge, w.ID)
 	if err != nil {
@@ -278,27 +289,29 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 	if ok && (latest.Src != w.Src || latest.Dst != w.Dst) {
 		return Version{}, fmt.Errorf("%w: edge %s connects %s->%s; src and dst are immutable", ErrInvalid, w.ID, latest.Src, latest.Dst)
 	}
-	if ok && latest.Tombstone {
-		return Version{}, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
-	}
 	var state [2]Version
 	for i, n := range ends {
-		v, ok, err := t.Latest(sc, KindNode, n)
+		v, found, err := t.Latest(sc, KindNode, n)
 		if err != nil {
 			return Version{}, err
 		}
-		if !ok {
+		if !found {
 			return Version{}, fmt.Errorf("%w: endpoint node %s", ErrNotFound, n)
 		}
 		state[i] = v
 	}
 	for i, n := range ends {
+		if fences[i] != nil {
+			return Version{}, fmt.Errorf("%w: endpoint node %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, n, fences[i].J.Tx)
+		}
+	}
+	if ok && latest.Tombstone {
+		return Version{}, fmt.Errorf("%w: edge %s was tombstoned at tx %s", ErrAlreadyTombstoned, w.ID, latest.Tx.Start)
+	}
+	for i, n := range ends {
 		if state[i].Tombstone {
 			return Version{}, fmt.Errorf("%w: endpoint node %s was tombstoned at tx %s", ErrEndpointDead, n, state[i].Tx.Start)
 		}
-	}
-	if fenced {
-		return Version{}, fmt.Errorf("%w: endpoint node %s is being tombstoned", ErrCascadeInFlight, fence)
 	}
 	tx := t.NextTx()
 	valid, err := interval(w.ValidFrom, w.ValidTo, tx)
@@ -312,7 +325,7 @@ func (t *Txn) PutEdge(sc Scope, w EdgeWrite) (Version, error) {
 
 // Receipt returns the stored receipt of a request id.
 func (t *Txn) Receipt(sc Scope, requestID string) (Receipt, bool, error) {
-	return GetReceipt(t.b, sc, requestID)
+	return GetReceipt(t.r, sc, requestID)
 }
 
 // PutReceipt stores a request's receipt in the transaction.

@@ -195,3 +195,9 @@ func (w *writer) whenIdle() <-chan struct{} {
 	w.idle = append(w.idle, ch)
 	return ch
 }
+
+func (w *writer) queued() (foreground, background int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lanes[Foreground]), len(w.lanes[Background])
+}
