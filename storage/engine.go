@@ -190,6 +190,16 @@ type FaultEngine struct {
 	inject func(n int) error
 	// after, when set, is called after durable call n landed.
 	after func(n int)
+	// observe, when set, sees every batch before durable call n.
+	observe func(n int, b *pebble.Batch)
+}
+
+// SetObserve installs a hook that sees every batch (read-only) before its
+// durable call: tests count its puts or tell whose it is.
+func (f *FaultEngine) SetObserve(fn func(n int, b *pebble.Batch)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.observe = fn
 }
 
 // NewFaultEngine wraps e.
@@ -231,8 +241,11 @@ func (f *FaultEngine) Calls() int {
 func (f *FaultEngine) Commit(b *pebble.Batch) error {
 	f.mu.Lock()
 	f.calls++
-	n, inject, after := f.calls, f.inject, f.after
+	n, inject, after, observe := f.calls, f.inject, f.after, f.observe
 	f.mu.Unlock()
+	if observe != nil {
+		observe(n, b)
+	}
 	if inject != nil {
 		if err := inject(n); err != nil {
 			return err
