@@ -21,7 +21,7 @@ import (
 	"github.com/telha/telha-cascade/storage"
 )
 
-// httptest tests of the JSON shapes of DESIGN §5 against a real store.
+// httptest tests of the JSON shapes of CONTRACT §6 against a real store.
 
 var (
 	quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -1,5 +1,5 @@
 // Package api is the worker's HTTP surface: /healthz, /readyz, /metrics and
-// the read-only audit API of DESIGN §5 (as-of reads of nodes and edges, a
+// the read-only audit API of CONTRACT §6 (as-of reads of nodes and edges, a
 // node's edges by direction, version histories, journals in flight).
 //
 // Every read decides liveness through storage's one rule; the handlers only

@@ -6,7 +6,7 @@ import (
 	"github.com/telha/telha-cascade/storage"
 )
 
-// Version is the JSON shape of a version record (DESIGN §5). Times are RFC
+// Version is the JSON shape of a version record (CONTRACT §6). Times are RFC
 // 3339 UTC with six fractional digits; open ends are null; tx_to is always
 // null (versions are never closed; latest-tx-wins decides supersession).
 type Version struct {

@@ -47,6 +47,9 @@ type Options struct {
 	CascadeHooks cascade.Hooks
 	// ReaperHooks, when set, are called after the worker's own (tests).
 	ReaperHooks reaper.Hooks
+	// OnWriterTask, when set, also sees every task of the store's writer
+	// (cmd/bench).
+	OnWriterTask func(lane storage.Lane, wait, run time.Duration)
 }
 
 // App is a running worker.
@@ -149,6 +152,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
+		OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
+			a.metrics.WriterTask(l.String(), wait, run)
+			if opts.OnWriterTask != nil {
+				opts.OnWriterTask(l, wait, run)
+			}
+		},
 		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
 		Sizes: storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20},
 	})

@@ -73,7 +73,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.Partitions, "partitions", 1, "partition count P of the request stream (fixed at install)")
 	fs.StringVar(&c.PartitionOwner, "partition-owner", "0/1", "i/N: own partitions p with p % N == i; auto/N reads i from the pod name")
 	fs.IntVar(&c.MaxBatchOps, "max-batch-ops", cascade.DefaultMaxBatchOps, "inline vs journaled threshold and chunk size (floored at 7)")
-	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, "puts per durable chunk of a journaled cascade (0: --max-batch-ops; never more)")
+	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, "puts per durable chunk of a journaled cascade (0: 5000; never more than --max-batch-ops)")
 	fs.StringVar(&c.ReaperSchedule, "reaper-schedule", "@every 30s", "cron spec of the reaper")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")

@@ -63,7 +63,7 @@ func TestE2EPutsAndTombstones(t *testing.T) {
 	if len(h.Versions) != 2 || !h.Versions[1].Tombstone || *h.Versions[1].TxFrom != rc.TxTime {
 		t.Fatalf("history %+v", h.Versions)
 	}
-	// Refusals by the rules of DESIGN §4.
+	// Refusals by the rules of CONTRACT §5.
 	if r := b.wait(b.send(tn, tombNode(n[1]))); r.Status != queue.StatusAlreadyTombstoned || r.TxTime != "" {
 		t.Fatalf("second cascade: %+v", r)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/telha/telha-cascade/queue"
 )
 
-// Tenant isolation (DESIGN §2: every key and operation is scoped to one
+// Tenant isolation (CONTRACT §1: every key and operation is scoped to one
 // tenant; nothing may read or write across tenants), checked end to end
 // through the queue and the HTTP read API with tenants whose names are
 // prefixes of each other and that share node and edge ids.
@@ -366,12 +366,12 @@ func TestTenantIsolationSameRequestID(t *testing.T) {
 	}
 	// Both results are kept by TELHA_RES, where Client.Wait/Results look.
 	if got := b.storedResults(rid); len(got) != 2 {
-		t.Skip("contract (DESIGN §4, docs/DECISIONS.md 5): results carry Nats-Msg-Id res-<request_id>, so request ids must be unique across tenants; TELHA_RES keeps one result per id within its duplicate window")
+		t.Skip("contract (CONTRACT §5, docs/DECISIONS.md 5): results carry Nats-Msg-Id res-<request_id>, so request ids must be unique across tenants; TELHA_RES keeps one result per id within its duplicate window")
 		t.Fatalf("TELHA_RES kept %d results of request %s used in two tenants, want 2: %+v", len(got), rid, got)
 	}
 }
 
-// TestTenantIsolationPublisherDedup: DESIGN §4 has publishers set
+// TestTenantIsolationPublisherDedup: CONTRACT §5 has publishers set
 // Nats-Msg-Id to the request_id, and the request stream's duplicate window
 // is per stream, not per tenant: tenant "ab" publishing a request_id that
 // tenant "a" used within the window (2m) is silently dropped (the PubAck
@@ -393,7 +393,7 @@ func TestTenantIsolationPublisherDedup(t *testing.T) {
 		dup = append(dup, ack.Duplicate)
 	}
 	if dup[1] {
-		t.Skip("contract (DESIGN §4, docs/DECISIONS.md 5): publishers set Nats-Msg-Id = request_id, so TELHA_REQ's duplicate window spans tenants and request ids must be unique across tenants")
+		t.Skip("contract (CONTRACT §5, docs/DECISIONS.md 5): publishers set Nats-Msg-Id = request_id, so TELHA_REQ's duplicate window spans tenants and request ids must be unique across tenants")
 	}
 	rs := b.waitN(rid, 2)
 	for _, tn := range []string{"a", "ab"} {

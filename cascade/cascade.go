@@ -18,7 +18,7 @@ type collected struct {
 }
 
 // collect streams, in write-set order, the edges a cascade of node with
-// valid_end must tombstone (DESIGN §3):
+// valid_end must tombstone (CONTRACT §3):
 //
 //   - every edge touching node whose latest-recorded version is not a
 //     tombstone;

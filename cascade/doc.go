@@ -1,10 +1,12 @@
-// Package cascade owns every write of telha-cascade: the four request ops
-// (put_node, put_edge, tombstone_edge, tombstone_node) applied in groups
-// through one serialised storage transaction (group commit), the tombstone
-// cascade with its inline and journaled paths, and ResumeJournals.
+// Package cascade owns every write decision of telha-cascade: the four
+// request ops (put_node, put_edge, tombstone_edge, tombstone_node) applied
+// in groups of at most max_batch_ops puts through the store's one writer
+// (group commit), the tombstone cascade with its inline and journaled
+// paths, and the mechanics of applying a journal (ApplyJournal,
+// ResumeJournals).
 //
 // The protocol is the seed's (shared/seed/tombstone-cascade.md) as corrected
-// by DESIGN §3:
+// by CONTRACT §3:
 //
 //   - Puts only. Every write-set is new versions; the journal row's removal
 //     is the one delete, in the jobs keyspace.
@@ -19,11 +21,23 @@
 //     is not a tombstone, and every edge whose latest-recorded version is a
 //     tombstone starting after valid_end (it gets a narrowing tombstone
 //     [valid_end, open) so it cannot read live beside the dead node).
-//   - No ghost through a race: decisions and inline writes happen inside one
-//     serialised transaction; a journaled cascade fences its node from the
-//     journal's commit until its removal, and every write touching a fenced
-//     node is refused with ErrCascadeInFlight.
+//   - No ghost through a race: every decision reads and writes on the
+//     store's one writer (nothing commits in between); a journaled cascade
+//     fences its node from its head's commit until its removal; every write
+//     touching a fenced node is refused with ErrCascadeInFlight, checked
+//     before the states the journal writes; a journaled cascade sharing an
+//     edge with an earlier journal waits for it.
+//   - The journaled path (journal.go): the head is the commit point and
+//     holds no edge list; the write-set is re-derived from the frozen
+//     neighbourhood by ScanJournal, first pass and resume alike, and
+//     applied by ApplyJournal in chunks through the writer's background
+//     lane, node last.
+//
+// Who applies journals, when, and what happens to their results is package
+// reaper's: cascade hands each journal over through the JournalSink it
+// declares.
 //
 // What it must not do: speak NATS or HTTP, build keys by hand (storage owns
-// the codec), or decide liveness any other way than storage's rule.
+// the codec), decide liveness any other way than storage's rule, commit
+// anything but through the store's writer, or import the packages above it.
 package cascade

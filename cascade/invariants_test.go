@@ -18,7 +18,7 @@ func seeds(t *testing.T, n int) int {
 	return n
 }
 
-// checkI1 asserts DESIGN §3's I1 for one cascade: at every sampled
+// checkI1 asserts CONTRACT §3's I1 for one cascade: at every sampled
 // coordinate v >= valid_end, t >= tx, the node and every edge that touched
 // it read absent through every read path.
 func checkI1(w *world, rec cascadeRecord, samples int) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -62,8 +63,16 @@ var ErrFrozenBroken = fmt.Errorf("%w: journal's neighbourhood changed under its 
 func ScanJournal(r pebble.Reader, e *storage.JournalEntry, earlier map[uuid.UUID]*storage.JournalEntry, fn func(*storage.Version) error) (JournalScan, error) {
 	j, sc, node := e.J, e.Scope, e.J.NodeID
 	var s JournalScan
+	rows := 0
 	for _, out := range []bool{true, false} {
 		err := storage.ScanAdjLatest(r, sc, out, node, func(a storage.AdjEdge) error {
+			if rows++; rows%yieldEvery == 0 {
+				// A super-node's scan is CPU-bound: let the goroutines of
+				// small requests run (the writer, the consumer, the result
+				// publisher) instead of waiting out the scheduler's 10 ms
+				// time slice behind it.
+				runtime.Gosched()
+			}
 			row := a.Row
 			if !out && row.Other == node {
 				return nil // self-loop, already seen in the out rows
@@ -265,6 +274,9 @@ type chunker struct {
 	done    int64 // edges durable
 	steps   int   // chunks queued
 }
+
+// yieldEvery is how many adjacency rows a scan reads between yields.
+const yieldEvery = 256
 
 func (o *Applier) newChunker(ctx context.Context, e *storage.JournalEntry, obs JournalObserver) *chunker {
 	// Sized for a full chunk (about 100 bytes a put) and reused, instead of

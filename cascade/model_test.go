@@ -13,7 +13,7 @@ import (
 
 // An independent in-memory reference model of the store and the cascade:
 // a flat list of versions per entity, liveness by brute force from the
-// rule, and DESIGN §3's collection rule written out again from the text.
+// rule, and CONTRACT §3's collection rule written out again from the text.
 
 type mv struct {
 	kind      storage.Kind
@@ -86,7 +86,7 @@ func (m *rmodel) touching(node uuid.UUID) []uuid.UUID {
 	return out
 }
 
-// cascadeSet is DESIGN §3's collection rule, from the text.
+// cascadeSet is CONTRACT §3's collection rule, from the text.
 func (m *rmodel) cascadeSet(node uuid.UUID, validEnd storage.Ts) []uuid.UUID {
 	var out []uuid.UUID
 	for _, e := range m.touching(node) {

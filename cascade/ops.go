@@ -27,6 +27,12 @@ var (
 // size when none is configured.
 const DefaultMaxBatchOps = 100_000
 
+// DefaultChunkOps is the largest chunk of a journaled cascade when none is
+// configured (and never more than max_batch_ops). A chunk's commit is what
+// a small request may wait for behind a super-node cascade; cmd/bench's
+// mixed phase chose it (docs/BENCHMARKS.md, docs/DECISIONS.md).
+const DefaultChunkOps = 5_000
+
 // MinMaxBatchOps is the floor of max_batch_ops: a batch must hold the
 // largest single request (an edge version, 5 puts, plus its receipt and a
 // new tenant's registry row), so a chunk boundary never splits a version
@@ -71,7 +77,7 @@ type Options struct {
 	// MinMaxBatchOps.
 	MaxBatchOps int
 	// ChunkOps is the largest chunk of a journaled cascade, in puts.
-	// Default: MaxBatchOps (and never more than it).
+	// Default DefaultChunkOps; never more than MaxBatchOps.
 	ChunkOps int
 	// Journals receives every journal committed. Nil: TombstoneNode applies
 	// a journal in the caller's goroutine, and other journals wait for
@@ -105,7 +111,10 @@ func (opts Options) withDefaults() Options {
 	if opts.MaxBatchOps < MinMaxBatchOps {
 		opts.MaxBatchOps = MinMaxBatchOps
 	}
-	if opts.ChunkOps <= 0 || opts.ChunkOps > opts.MaxBatchOps {
+	if opts.ChunkOps <= 0 {
+		opts.ChunkOps = DefaultChunkOps
+	}
+	if opts.ChunkOps > opts.MaxBatchOps {
 		opts.ChunkOps = opts.MaxBatchOps
 	}
 	if opts.ChunkOps < MinMaxBatchOps {
@@ -410,7 +419,7 @@ func nodeTombstone(id uuid.UUID, validEnd, tx storage.Ts, prov storage.Provenanc
 		Valid: storage.Open(validEnd), Tx: storage.Open(tx), Tombstone: true, Props: []byte("{}"), Prov: prov}
 }
 
-// TombstoneNode tombstones a node and every edge DESIGN §3 collects, and
+// TombstoneNode tombstones a node and every edge CONTRACT §3 collects, and
 // waits until the node tombstone is durable. validEnd of storage.NoTs means
 // the cascade's tx. A journaled cascade is applied in the caller's
 // goroutine when the engine has no JournalSink; otherwise the sink applies

@@ -146,7 +146,7 @@ func TestSecondTombstoneNodeFails(t *testing.T) {
 	}
 }
 
-// TestEdgeTombstonedAfterValidEndIsNarrowed is DESIGN §3's correction: an
+// TestEdgeTombstonedAfterValidEndIsNarrowed is CONTRACT §3's correction: an
 // edge tombstoned standalone from 2028, then its node tombstoned from 2025.
 func TestEdgeTombstonedAfterValidEndIsNarrowed(t *testing.T) {
 	e := openEnv(t, "", Options{})

@@ -137,7 +137,7 @@ func pausedRead(t *testing.T, mk func(g *ilGraph) Request, step, read int) bool 
 // tombstones, inline cascades right at the threshold (their write-set plus
 // receipt exactly max_batch_ops) and just past it (journaled), and requests
 // of tenants new to the store (a registry row each). No batch may hold
-// more than max_batch_ops (DESIGN §3: "at or under"), and groups must still
+// more than max_batch_ops (CONTRACT §3: "at or under"), and groups must still
 // pack many requests per batch.
 func TestNoDurableBatchAboveMaxBatchOps(t *testing.T) {
 	for _, max := range []int{7, 23, 53} {

@@ -50,7 +50,7 @@
 //     increasing; invalid requests, and only those, are dead-lettered;
 //   - the model: the ok results replayed in tx_time order are what the
 //     rules allow (no resurrection, no edge on a dead endpoint, no double
-//     tombstone; edges_tombstoned and journaled as DESIGN §3 collects);
+//     tombstone; edges_tombstoned and journaled as CONTRACT §3 collects);
 //     every refusal (not_found, already_tombstoned, endpoint_dead, invalid)
 //     is what the model gives at some point of the serial order inside the
 //     request's causal window (after the effects answered before it was

@@ -383,7 +383,7 @@ func (g *generator) next1() *item {
 		req := g.tombEdge(t, e.id, g.validEnd(40))
 		if req.ve != nil && req.ve.us > year2026 && g.pct(40) {
 			// A later cascade of an endpoint with an earlier valid_end
-			// narrows the edge's tombstone (DESIGN §3).
+			// narrows the edge's tombstone (CONTRACT §3).
 			n := e.src
 			if g.pct(50) {
 				n = e.dst

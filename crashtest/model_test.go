@@ -14,7 +14,7 @@ import (
 )
 
 // The reference model: every request with an ok result, replayed in
-// tx_time order with the rules of DESIGN §2-§4. Its reads use the one
+// tx_time order with the rules of CONTRACT §2-§4. Its reads use the one
 // liveness rule (latest-tx-wins).
 
 const (

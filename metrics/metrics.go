@@ -37,6 +37,8 @@ type Metrics struct {
 	DeadLetters       *prometheus.CounterVec
 	CommitDuration    prometheus.Histogram
 	CommitFailures    prometheus.Counter
+	WriterWait        *prometheus.HistogramVec
+	WriterRun         *prometheus.HistogramVec
 	BuildInfo         *prometheus.GaugeVec
 }
 
@@ -90,12 +92,21 @@ func New(b Build, l Labels) *Metrics {
 		CommitFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "telha_storage_commit_failures_total", Help: "Durable commits that failed (I/O errors, the disk-space reserve, injected faults).",
 		}),
+		WriterWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "telha_writer_wait_seconds", Help: "How long a task waited for the store's one writer, by lane (foreground: requests and journal bookkeeping; background: journal chunks).",
+			Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"lane"}),
+		WriterRun: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "telha_writer_task_seconds", Help: "How long a task held the store's one writer (its reads, writes and durable commit), by lane.",
+			Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"lane"}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
+		m.WriterWait, m.WriterRun,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
 		m.RequestDuration.WithLabelValues(op)
@@ -108,6 +119,10 @@ func New(b Build, l Labels) *Metrics {
 	}
 	for _, res := range []string{ReaperOK, ReaperError, ReaperSkipped} {
 		m.ReaperRuns.WithLabelValues(res)
+	}
+	for _, lane := range []string{"foreground", "background"} {
+		m.WriterWait.WithLabelValues(lane)
+		m.WriterRun.WithLabelValues(lane)
 	}
 	for _, reason := range l.DeadLetterReasons {
 		m.DeadLetters.WithLabelValues(reason)
@@ -134,6 +149,12 @@ func (m *Metrics) OnCommit(d time.Duration, _ int, err error) {
 		return
 	}
 	m.CommitDuration.Observe(d.Seconds())
+}
+
+// WriterTask records one task of the store's writer.
+func (m *Metrics) WriterTask(lane string, wait, run time.Duration) {
+	m.WriterWait.WithLabelValues(lane).Observe(wait.Seconds())
+	m.WriterRun.WithLabelValues(lane).Observe(run.Seconds())
 }
 
 // Request records a result published (op "unknown" when the request could

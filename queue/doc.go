@@ -1,7 +1,7 @@
 // Package queue is the NATS JetStream side of the worker: it provisions the
 // streams (TELHA_REQ with the partition subject transform, TELHA_RES,
 // TELHA_DLQ) and this replica's durable pull consumer, decodes and validates
-// request messages (the wire contract of DESIGN §4), applies them in groups
+// request messages (the wire contract of CONTRACT §5), applies them in groups
 // through cascade.Ops (group commit: one durable batch per group, receipts
 // included), publishes one result per request (Publisher; package reaper
 // publishes journaled cascades' results from the durable outbox through the

@@ -15,7 +15,7 @@ import (
 )
 
 // FuzzDecodeRequest: DecodeRequest never panics; whatever it accepts
-// respects every limit of request.go and DESIGN §4; whatever it refuses
+// respects every limit of request.go and CONTRACT §5; whatever it refuses
 // carries a dead-letter reason. Seeds (testdata/fuzz/FuzzDecodeRequest and
 // the f.Add calls below) run under plain `go test`.
 func FuzzDecodeRequest(f *testing.F) {

@@ -53,7 +53,7 @@ type Reject struct {
 
 func (r *Reject) Error() string { return r.Reason + ": " + r.Err }
 
-// WireRequest is the request body of DESIGN §4. Pointers tell an absent (or
+// WireRequest is the request body of CONTRACT §5. Pointers tell an absent (or
 // null) field from an empty one.
 type WireRequest struct {
 	RequestID  *string         `json:"request_id"`

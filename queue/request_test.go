@@ -12,7 +12,7 @@ import (
 	"github.com/telha/telha-cascade/storage"
 )
 
-// Table tests of DecodeRequest: every validation rule of DESIGN §4 and the
+// Table tests of DecodeRequest: every validation rule of CONTRACT §5 and the
 // per-op allowed and disallowed fields the code documents.
 
 const (
@@ -368,7 +368,7 @@ func TestDecodeRequestDecodeRejectLosesRequestID(t *testing.T) {
 // keys match case-insensitively and the last duplicate wins, so
 // {"op":"put_node","OP":"tombstone_node"} is a tombstone_node, while a
 // gateway or audit log using another JSON parser (first wins, or exact
-// keys) reads a put_node. DESIGN §4 fixes the field names; the decoder
+// keys) reads a put_node. CONTRACT §5 fixes the field names; the decoder
 // should refuse keys that are not exactly them, and duplicates.
 func TestDecodeRequestKeyCaseAndDuplicates(t *testing.T) {
 	dup := `{"request_id":"r","op":"put_node","tenant":"acme","id":"` + tID + `","OP":"tombstone_node"}`
@@ -384,7 +384,7 @@ func TestDecodeRequestKeyCaseAndDuplicates(t *testing.T) {
 }
 
 // TestDecodeRequestTimesOutsideRFC3339Years: every time the service writes
-// must be RFC 3339 (years 0000-9999, DESIGN §5) and parse back with the
+// must be RFC 3339 (years 0000-9999, CONTRACT §6) and parse back with the
 // same parser. An input offset can move a time accepted in 0000 or 9999
 // out of that range once normalised to UTC: the store then holds a time the
 // read API prints as "10000-..." or "-0001-..." and cannot be queried at.

@@ -12,7 +12,7 @@ import (
 )
 
 // Result statuses: the wire names of storage.Status, where the one
-// vocabulary of outcomes lives (DESIGN §4, plus "failed": dead-lettered
+// vocabulary of outcomes lives (CONTRACT §5, plus "failed": dead-lettered
 // after the final delivery of a transient failure; nothing was applied).
 var (
 	StatusOK                = storage.StatusOK.String()

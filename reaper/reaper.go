@@ -71,6 +71,9 @@ type Hooks struct {
 	Finished func(e *storage.JournalEntry, rc storage.Receipt, err error)
 	// Published fires once per result published from the outbox.
 	Published func(tenant string, rc storage.Receipt)
+	// Stalled fires when the watchdog abandons an attempt that made no
+	// progress for StallTimeout.
+	Stalled func(e *storage.JournalEntry)
 }
 
 func (c Config) withDefaults() Config {
@@ -374,7 +377,12 @@ func (s *Service) watch(j *journal, stall context.CancelCauseFunc, done <-chan s
 		idle := now.Sub(j.progress)
 		j.mu.Unlock()
 		if idle > s.cfg.StallTimeout {
+			s.cfg.Logger.Warn("cascade journal applier stalled; abandoning the attempt", "tenant", j.e.Scope.Tenant(), "node", j.e.J.NodeID,
+				"tx", j.e.J.Tx.String(), "idle", idle.Round(time.Millisecond))
 			stall(fmt.Errorf("applier stalled: no progress for %s (StallTimeout %s)", idle.Round(time.Millisecond), s.cfg.StallTimeout))
+			if s.cfg.Hooks.Stalled != nil {
+				s.cfg.Hooks.Stalled(j.e)
+			}
 			return
 		}
 	}

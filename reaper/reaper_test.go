@@ -299,6 +299,53 @@ func TestLiveApplierIsHeldAndPassesDoNotStack(t *testing.T) {
 	}
 }
 
+// TestStalledApplierIsAbandonedAndRetried: an applier that makes no
+// progress for StallTimeout (held between two chunks while the clock moves
+// on) is abandoned: the attempt fails with the reason, the journal reads
+// failing, and a pass after the backoff applies it.
+func TestStalledApplierIsAbandonedAndRetried(t *testing.T) {
+	hold, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stalled := make(chan struct{}, 1)
+	finished := make(chan error, 4)
+	w := &world{t: t, dir: t.TempDir(), clock: storage.NewManualClock(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)), pub: &fakePublisher{},
+		cfg: Config{StallTimeout: 40 * time.Millisecond, RetryBackoff: time.Minute, Hooks: Hooks{
+			Stalled:  func(*storage.JournalEntry) { stalled <- struct{}{} },
+			Finished: func(_ *storage.JournalEntry, _ storage.Receipt, err error) { finished <- err },
+		}}}
+	w.hooks.JournalStep = func(_ *storage.JournalEntry, n int) {
+		if n == 2 {
+			once.Do(func() { close(hold); <-release })
+		}
+	}
+	w.open()
+	t.Cleanup(w.close)
+	w.svc.Start()
+	h := w.hub(6)
+	w.tombstone(h, "del-stall")
+	<-hold
+	w.clock.Advance(time.Second) // no chunk lands for longer than StallTimeout
+	select {
+	case <-stalled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watchdog did not fire")
+	}
+	close(release)
+	if err := <-finished; err == nil || !strings.Contains(err.Error(), "stalled") {
+		t.Fatalf("stalled attempt ended with %v, want the stall", err)
+	}
+	if st := w.svc.Journals(); len(st) != 1 || st[0].State != StateFailing || !strings.Contains(st[0].LastError, "stalled") {
+		t.Fatalf("journal after the stall: %+v", st)
+	}
+	w.clock.Advance(2 * time.Minute)
+	if res := w.svc.RunOnce(ctx); res.Resumed != 1 || res.Err != nil {
+		t.Fatalf("pass after the backoff: %+v", res)
+	}
+	if !w.dead(h) {
+		t.Fatal("hub alive")
+	}
+}
+
 // TestPoisonJournalDoesNotStopTheOthers: an undecodable journal head and a
 // journal that keeps failing are counted and reported; a healthy orphan in
 // the same pass is still resumed.

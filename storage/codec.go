@@ -337,7 +337,7 @@ var statusNames = [...]string{
 	StatusInvalid: "invalid", StatusFailed: "failed",
 }
 
-// String is the status's name in results (DESIGN §4).
+// String is the status's name in results (CONTRACT §5).
 func (s Status) String() string {
 	if int(s) < len(statusNames) && statusNames[s] != "" {
 		return statusNames[s]

@@ -41,6 +41,10 @@ type Options struct {
 	Pebble func(*pebble.Options)
 	// Sizes of Pebble's block cache and memtables (defaults in Sizes).
 	Sizes Sizes
+	// OnWriterTask, when set, observes every task of the writer: its lane,
+	// how long it waited in the lane and how long it ran (metrics: a small
+	// request's wait behind a super-node cascade shows here).
+	OnWriterTask func(lane Lane, wait, run time.Duration)
 	// OnTxnRead, a test signal, is called before every read a transaction
 	// makes (Update). It may block: interleaving tests hold a decision
 	// between two of its reads with it and check that nothing commits
@@ -154,7 +158,7 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 	if err := s.loadJournals(); err != nil {
 		return nil, err
 	}
-	s.w = newWriter()
+	s.w = newWriter(opts.OnWriterTask)
 	return s, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // The one writer.
@@ -41,6 +42,14 @@ import (
 // Lane is a queue of the writer.
 type Lane uint8
 
+// String names the lane (metrics labels).
+func (l Lane) String() string {
+	if l == Background {
+		return "background"
+	}
+	return "foreground"
+}
+
 const (
 	// Foreground: requests and journal bookkeeping.
 	Foreground Lane = iota
@@ -49,6 +58,8 @@ const (
 )
 
 type task struct {
+	lane Lane
+	at   time.Time // queued
 	ctx  context.Context
 	run  func() error
 	done chan taskResult
@@ -68,16 +79,18 @@ type writer struct {
 	stopped chan struct{}
 	busy    bool // a task is running (tests and Idle)
 	idle    []chan struct{}
+	// observe, when set, sees each task's wait in its lane and run time.
+	observe func(lane Lane, wait, run time.Duration)
 }
 
-func newWriter() *writer {
-	w := &writer{wake: make(chan struct{}, 1), stopped: make(chan struct{}), last: Background}
+func newWriter(observe func(lane Lane, wait, run time.Duration)) *writer {
+	w := &writer{wake: make(chan struct{}, 1), stopped: make(chan struct{}), last: Background, observe: observe}
 	go w.loop()
 	return w
 }
 
 func (w *writer) submit(ctx context.Context, lane Lane, run func() error) <-chan taskResult {
-	t := &task{ctx: ctx, run: run, done: make(chan taskResult, 1)}
+	t := &task{lane: lane, at: time.Now(), ctx: ctx, run: run, done: make(chan taskResult, 1)}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -156,7 +169,12 @@ func (w *writer) loop() {
 			t.done <- taskResult{err: err}
 			continue
 		}
-		t.done <- runTask(t.run)
+		start := time.Now()
+		r := runTask(t.run)
+		if w.observe != nil {
+			w.observe(t.lane, start.Sub(t.at), time.Since(start))
+		}
+		t.done <- r
 	}
 }
 

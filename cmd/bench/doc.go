@@ -21,7 +21,7 @@
 // its store: per request target either a standalone edge (for a
 // tombstone_edge) or a node with 0..8 edges (for a tombstone_node; 4 on
 // average, out and in edges mixed). The measured requests alternate
-// tombstone_edge and tombstone_node, over --tenants tenants, as DESIGN §4
+// tombstone_edge and tombstone_node, over --tenants tenants, as CONTRACT §5
 // JSON published with queue.Client.RequestMsg (Nats-Msg-Id = request_id) by
 // --publishers goroutines with async publish, each keeping at most --window
 // requests outstanding (a closed loop: a slot frees when its result

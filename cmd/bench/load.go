@@ -83,6 +83,7 @@ type specSet struct {
 	warm    []spec
 	sat     []spec
 	light   []spec
+	mixed   []spec // the mixed phase's small requests (in its own store)
 	tenants []string
 }
 
@@ -120,6 +121,8 @@ func makeSpecs(o *options) *specSet {
 	mk(s.warm)
 	mk(s.sat)
 	mk(s.light)
+	s.mixed = make([]spec, int(math.Ceil(o.mixedDuration.Seconds()*float64(o.lightRate))))
+	mk(s.mixed)
 	return s
 }
 
@@ -130,7 +133,7 @@ func (sp *spec) op() string {
 	return "tombstone_node"
 }
 
-// body is the DESIGN §4 request JSON.
+// body is the CONTRACT §5 request JSON.
 func (sp *spec) body(requestID string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"request_id": requestID,
@@ -205,6 +208,10 @@ type runStats struct {
 	Duplicates int            `json:"duplicate_results,omitempty"`
 	Wrong      int            `json:"wrong_edges_tombstoned,omitempty"`
 	CPU        cpuUse         `json:"cpu"`
+	// Per request: published and answered, in ns after base (the mixed
+	// phase picks the requests published while its cascade ran).
+	base      time.Time
+	sent, got []int64
 }
 
 var runSeq atomic.Int64
@@ -405,6 +412,7 @@ wait:
 		Requests: n, Seconds: round3(secs), PerSec: math.Round(float64(n) / secs),
 		P50ms: pct(0.50), P90ms: pct(0.90), P99ms: pct(0.99), MaxMs: round3(lat[n-1]),
 		Statuses: statuses, Duplicates: dups, Wrong: wrong, CPU: cpu,
+		base: base, sent: sent, got: got,
 	}
 	if firstBad != "" {
 		return st, fmt.Errorf("unexpected results (%v, %d wrong edge counts), first: %s", statuses, wrong, firstBad)

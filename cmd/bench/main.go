@@ -29,6 +29,7 @@ type options struct {
 	tenants       int
 	lightRate     int
 	lightDuration time.Duration
+	mixedDuration time.Duration
 	hubEdges      int
 	phases        map[string]bool
 	dir           string
@@ -107,7 +108,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.lightRate, "light-rate", 1000, "requests per second of the light-load latency run")
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
-	phases := fs.String("phases", "small,pipeline,naive,hub", "phases to run (comma-separated subset)")
+	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "write pprof CPU and allocs profiles of the small, pipeline and hub runs here")
@@ -138,6 +140,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			o.lightDuration = 3 * time.Second
 		}
 	}
+	if o.mixedDuration <= 0 {
+		o.mixedDuration = 25 * time.Second
+		if o.quick {
+			o.mixedDuration = 8 * time.Second
+		}
+	}
 	if o.publishers < 1 || o.window < 1 || o.tenants < 1 || o.lightRate < 1 {
 		return nil, errors.New("--publishers, --window, --tenants and --light-rate must be positive")
 	}
@@ -145,11 +153,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "pipeline", "naive", "hub":
+		case "small", "pipeline", "naive", "mixed", "hub":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, pipeline, naive, hub)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, pipeline, naive, mixed, hub)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -207,6 +215,11 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 	if o.phases["naive"] {
 		if err := runNaive(ctx, o, pg, ns, filepath.Join(root, "naive"), specs, rep); err != nil {
 			return rep, fmt.Errorf("naive: %w", err)
+		}
+	}
+	if o.phases["mixed"] {
+		if err := runMixed(ctx, o, pg, ns, filepath.Join(root, "mixed"), specs.mixed, rep); err != nil {
+			return rep, fmt.Errorf("mixed: %w", err)
 		}
 	}
 	ns.stop()

@@ -18,6 +18,7 @@ type Report struct {
 	Pipeline        *RateReport  `json:"pipeline,omitempty"`
 	Naive           *RateReport  `json:"naive,omitempty"`
 	Hub             *HubReport   `json:"hub,omitempty"`
+	Mixed           *MixedReport `json:"mixed,omitempty"`
 	SmallVsPipeline *float64     `json:"small_vs_pipeline,omitempty"`
 	SmallVsNaive    *float64     `json:"small_vs_naive,omitempty"`
 	HubVsRaw        *float64     `json:"hub_vs_raw,omitempty"`
@@ -174,6 +175,13 @@ func (r *Report) finish(total time.Duration) {
 		add("small.light_p99_ms", &v, true, 10, "")
 	}
 	add("hub_vs_raw", r.HubVsRaw, true, 1.5, "")
+	if r.Mixed != nil {
+		v := r.Mixed.P99ms
+		add("mixed.p99_ms", &v, true, 50, fmt.Sprintf("%d requests during a %d-edge cascade", r.Mixed.Requests, r.Mixed.HubEdges))
+		if r.Hub != nil && r.Hub.Edges == r.Mixed.HubEdges {
+			add("mixed.hub_seconds / hub.raw_pebble_seconds", ratio(r.Mixed.HubSeconds, r.Hub.RawPebbleSeconds), true, 1.5, "")
+		}
+	}
 	if r.Hub != nil {
 		v := r.Hub.PeakRSSGrowthMB
 		note := ""
@@ -221,7 +229,15 @@ func printTable(w io.Writer, r *Report) {
 	}
 	row("pipeline (raw limit)", r.Pipeline)
 	row("naive (1 commit/msg)", r.Naive)
+	if m := r.Mixed; m != nil && m.Run != nil {
+		fmt.Fprintf(tw, "mixed (%d/s, during the hub)\t%.0f\t%.2f\t%.2f\t%d\t%.1f\t%.2f\t%.1f\t%.2f\t%.0f%%\t%.2f (%.2f)\t%.0f\n", r.Config.LightRate, m.Run.PerSec, m.P50ms, m.P99ms, m.Requests,
+			m.Writes.MsgsPerCommit, m.Writes.PutsPerMsg, m.Writes.BytesPerPut, m.Writes.CommitMs, 100*m.Writes.CommitBusy, m.Run.CPU.Process, m.Run.CPU.Others, m.Pebble.CompactedMB)
+	}
 	tw.Flush()
+	if m := r.Mixed; m != nil {
+		fmt.Fprintf(w, "(mixed: a %d-edge hub cascade in %.2fs on the same worker, chunks of %d puts; small requests max %.2f ms; their groups waited for the writer p99 %.2f ms, max %.2f ms)\n",
+			m.HubEdges, m.HubSeconds, m.ChunkOps, m.MaxMs, m.WriterForegroundWaitP99ms, m.WriterForegroundWaitMaxms)
+	}
 	if h := r.Hub; h != nil {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
