@@ -457,7 +457,7 @@ func checkProps(raw json.RawMessage) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// subjectTenant extracts the tenant and partition from a request subject:
+// parseSubject extracts the tenant and partition from a request subject:
 // telha.req.<p>.<tenant> after the stream's transform (or telha.req.<tenant>
 // for a stream without one; the partition is then computed).
 func parseSubject(prefix, subject string, partitions int) (tenant string, part int, err error) {
