@@ -37,8 +37,6 @@ var workerMetrics = map[string]string{
 	"telha_pebble_disk_usage_bytes":                   "gauge",
 	"telha_pebble_write_stalls_total":                 "counter",
 	"telha_pebble_write_stall_duration_seconds_total": "counter",
-	"telha_storage_commit_failures_total":             "counter",
-	"telha_storage_disk_free_bytes":                   "gauge",
 	"telha_writer_wait_seconds":                       "histogram",
 	"telha_writer_task_seconds":                       "histogram",
 }
