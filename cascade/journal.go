@@ -163,6 +163,9 @@ type JournalObserver struct {
 	// Waiting: an earlier journal shares an edge with this one; the applier
 	// waits for its removal.
 	Waiting func(on *storage.JournalEntry)
+	// Wait, when set, does that waiting (an owner that bounds its appliers
+	// gives up its slot meanwhile); nil waits for on.Removed() or ctx.
+	Wait func(ctx context.Context, on *storage.JournalEntry) error
 }
 
 // ApplyJournal applies what is left of journal e, in chunks of at most
@@ -205,12 +208,14 @@ func (o *Applier) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs
 			if obs.Waiting != nil {
 				obs.Waiting(sum.Blocker)
 			}
-			select {
-			case <-sum.Blocker.Removed():
-				continue
-			case <-ctx.Done():
-				return storage.Receipt{}, fmt.Errorf("journal of node %s interrupted: %w", j.NodeID, ctx.Err())
+			wait := obs.Wait
+			if wait == nil {
+				wait = waitRemoved
 			}
+			if err := wait(ctx, sum.Blocker); err != nil {
+				return storage.Receipt{}, fmt.Errorf("journal of node %s interrupted: %w", j.NodeID, err)
+			}
+			continue
 		}
 		if err != nil {
 			_ = snap.Close()
@@ -251,6 +256,15 @@ func (o *Applier) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs
 func (o *Applier) step(e *storage.JournalEntry, n int) {
 	if o.hooks.JournalStep != nil {
 		o.hooks.JournalStep(e, n)
+	}
+}
+
+func waitRemoved(ctx context.Context, on *storage.JournalEntry) error {
+	select {
+	case <-on.Removed():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -38,6 +38,13 @@ type Config struct {
 	// of ten million edges takes about a minute, so the default is generous:
 	// 30 minutes.
 	StepTimeout time.Duration
+	// MaxAppliers bounds the journals applied at once; the others wait
+	// (state pending). Each applier holds a Pebble snapshot and two chunk
+	// buffers and takes about a core, so a burst of super-node deletes, or a
+	// restart with many journals, must not start them all. An applier that
+	// waits for an earlier journal gives its slot up meanwhile, so waits
+	// never hold every slot. Default 4.
+	MaxAppliers int
 	// StallTimeout: an attempt whose applier makes no progress (no chunk
 	// lands) for this long while applying (not while it waits for an
 	// earlier journal) is abandoned and retried like a failure. Default 1
@@ -86,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = time.Minute
 	}
+	if c.MaxAppliers <= 0 {
+		c.MaxAppliers = 4
+	}
 	if c.PoisonAfter <= 0 {
 		c.PoisonAfter = 5
 	}
@@ -132,7 +142,7 @@ type State string
 const (
 	StateApplying State = "applying" // an applier is on it
 	StateWaiting  State = "waiting"  // its applier waits for an earlier journal sharing an edge
-	StatePending  State = "pending"  // no applier yet (a restart); the next pass takes it
+	StatePending  State = "pending"  // not being applied: left by a restart (the next pass takes it), or waiting for a free applier
 	StateFailing  State = "failing"  // its last attempt failed; retried after a backoff
 	StatePoison   State = "poison"   // its head cannot be decoded
 )
@@ -160,7 +170,8 @@ type journal struct {
 	e *storage.JournalEntry
 
 	mu         sync.Mutex
-	active     bool
+	active     bool          // an attempt holds the journal (the lease)
+	queued     bool          // the attempt waits for an applier slot
 	done       chan struct{} // closed when the active attempt ends
 	total      int64
 	applied    int64
@@ -188,6 +199,7 @@ type Service struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 
+	slots   chan struct{} // MaxAppliers
 	running atomic.Bool
 	cron    *cron.Cron
 	kick    chan struct{}
@@ -205,7 +217,7 @@ func New(store *storage.Store, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reaper schedule %q: %w", cfg.Schedule, err)
 	}
-	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1), slots: make(chan struct{}, cfg.MaxAppliers)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.cron = cron.New(cron.WithLocation(time.UTC))
 	s.cron.Schedule(sched, cron.FuncJob(func() { s.RunOnce(s.ctx) }))
@@ -285,7 +297,7 @@ func (s *Service) startAttempt(j *journal) (<-chan struct{}, bool) {
 		j.mu.Unlock()
 		return done, false
 	}
-	j.active, j.done, j.waitingFor = true, make(chan struct{}), nil
+	j.active, j.queued, j.done, j.waitingFor = true, true, make(chan struct{}), nil // pending until it has a slot
 	done := j.done
 	j.mu.Unlock()
 	s.wg.Add(1)
@@ -320,14 +332,44 @@ func (s *Service) attempt(j *journal) {
 	j.mu.Lock()
 	j.progress = now()
 	j.mu.Unlock()
+	held := false // this attempt holds an applier slot
+	acquire := func(ctx context.Context) error {
+		if err := s.acquire(ctx, j); err != nil {
+			return err
+		}
+		held = true
+		return nil
+	}
+	release := func() {
+		if held {
+			held = false
+			s.release()
+		}
+	}
+	defer release()
 	obs := cascade.JournalObserver{
 		Counted: func(n int64) { j.mu.Lock(); j.total, j.progress = n, now(); j.mu.Unlock() },
 		Applied: func(n int64) { j.mu.Lock(); j.applied, j.waitingFor, j.progress = n, nil, now(); j.mu.Unlock() },
 		Waiting: func(on *storage.JournalEntry) { j.mu.Lock(); j.waitingFor = on; j.mu.Unlock() },
+		// Waiting for an earlier journal gives the slot up, so waiters
+		// never hold every slot (the earlier one may be waiting for one).
+		Wait: func(ctx context.Context, on *storage.JournalEntry) error {
+			release()
+			select {
+			case <-on.Removed():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return acquire(ctx)
+		},
 	}
 	watchdog := make(chan struct{})
 	defer close(watchdog)
 	go s.watch(j, stall, watchdog)
+	if err = acquire(ctx); err != nil {
+		err = fmt.Errorf("waiting for an applier: %w", err)
+		return
+	}
 	err = func() (err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -358,6 +400,28 @@ func (s *Service) attempt(j *journal) {
 	}
 }
 
+// acquire takes an applier slot for j's attempt (j reads pending while it
+// waits); on ctx's end it returns ctx's error, holding no slot.
+func (s *Service) acquire(ctx context.Context, j *journal) error {
+	j.mu.Lock()
+	j.queued = true
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		j.queued = false
+		j.progress = s.cfg.Clock.Now()
+		j.mu.Unlock()
+	}()
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Service) release() { <-s.slots }
+
 // watch abandons j's attempt when it stalls: no progress for StallTimeout
 // while applying (waiting for an earlier journal is not a stall).
 func (s *Service) watch(j *journal, stall context.CancelCauseFunc, done <-chan struct{}) {
@@ -371,8 +435,8 @@ func (s *Service) watch(j *journal, stall context.CancelCauseFunc, done <-chan s
 		}
 		now := s.cfg.Clock.Now()
 		j.mu.Lock()
-		if j.waitingFor != nil {
-			j.progress = now
+		if j.waitingFor != nil || j.queued {
+			j.progress = now // waiting is not stalling
 		}
 		idle := now.Sub(j.progress)
 		j.mu.Unlock()
@@ -546,6 +610,8 @@ func (s *Service) Journals() []Status {
 			switch {
 			case j.active && j.waitingFor != nil:
 				st.State, st.WaitingFor = StateWaiting, j.waitingFor.J.NodeID
+			case j.active && j.queued:
+				st.State = StatePending
 			case j.active:
 				st.State = StateApplying
 			case j.failures > 0:

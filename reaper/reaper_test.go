@@ -3,6 +3,7 @@ package reaper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -343,6 +344,105 @@ func TestStalledApplierIsAbandonedAndRetried(t *testing.T) {
 	}
 	if !w.dead(h) {
 		t.Fatal("hub alive")
+	}
+}
+
+// TestAppliersAreBounded: with MaxAppliers 2 and five journals handed over
+// at once, two are applied and three wait (pending); when the two are
+// released every journal finishes. Then two journals that share an edge,
+// with one applier: the later one, if it goes first, gives its slot up
+// while it waits for the earlier one, so neither waits for ever.
+func TestAppliersAreBounded(t *testing.T) {
+	var mu sync.Mutex
+	held := map[uuid.UUID]bool{}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	w := &world{t: t, dir: t.TempDir(), clock: storage.NewManualClock(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)), pub: &fakePublisher{},
+		cfg: Config{MaxAppliers: 2}}
+	w.hooks.JournalStep = func(e *storage.JournalEntry, n int) {
+		if n != 1 {
+			return
+		}
+		mu.Lock()
+		held[e.J.NodeID] = true
+		mu.Unlock()
+		<-release
+	}
+	w.open()
+	t.Cleanup(w.close)
+	t.Cleanup(free) // runs first: a failing test must not leave appliers held
+	w.svc.Start()
+	var hubs []uuid.UUID
+	for i := 0; i < 5; i++ {
+		hubs = append(hubs, w.hub(5))
+	}
+	for i, h := range hubs {
+		w.tombstone(h, fmt.Sprint("del-", i))
+	}
+	testnats.Eventually(t, 20*time.Second, "two appliers at work", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(held) == 2
+	})
+	states := map[State]int{}
+	for _, st := range w.svc.Journals() {
+		states[st.State]++
+	}
+	if states[StateApplying] != 2 || states[StatePending] != 3 {
+		t.Fatalf("states %v, want 2 applying and 3 pending", states)
+	}
+	mu.Lock()
+	if len(held) != 2 {
+		t.Fatalf("%d appliers at work, want 2", len(held))
+	}
+	mu.Unlock()
+	free()
+	w.svc.Wait()
+	for _, h := range hubs {
+		if !w.dead(h) {
+			t.Fatal("a hub is alive")
+		}
+	}
+	testnats.Eventually(t, 20*time.Second, "every result", func() bool {
+		for i := range hubs {
+			if _, ok := w.pub.result(fmt.Sprint("del-", i)); !ok {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Overlapping journals, one applier.
+	w.close()
+	w.cfg.MaxAppliers = 1
+	w.hooks.JournalStep = nil
+	w.open()
+	w.svc.Start()
+	a, b := w.hub(5), w.hub(5)
+	shared := uuid.New()
+	if _, err := w.ops.PutEdge(ctx, sc, storage.EdgeWrite{ID: shared, Src: a, Dst: b, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := w.ops.Apply(ctx, []cascade.Request{
+		{Scope: sc, Op: storage.OpTombstoneNode, ID: a, RequestID: "del-a", ValidFrom: storage.NoTs, ValidTo: storage.NoTs, ValidEnd: storage.NoTs, Prov: prov},
+		{Scope: sc, Op: storage.OpTombstoneNode, ID: b, RequestID: "del-b", ValidFrom: storage.NoTs, ValidTo: storage.NoTs, ValidEnd: storage.NoTs, Prov: prov},
+	})
+	if err != nil || out[0].Kind != cascade.Journaled || out[1].Kind != cascade.Journaled {
+		t.Fatalf("%+v %v", out, err)
+	}
+	for _, oc := range out {
+		select {
+		case <-oc.Journal.Removed():
+		case <-time.After(20 * time.Second):
+			t.Fatal("overlapping journals with one applier did not finish")
+		}
+	}
+	w.svc.Wait()
+	ra, _, _ := storage.GetReceipt(w.store.Reader(), sc, "del-a")
+	rb, _, _ := storage.GetReceipt(w.store.Reader(), sc, "del-b")
+	if ra.EdgesTombstoned != 6 || rb.EdgesTombstoned != 5 {
+		t.Fatalf("receipts %+v %+v: the earlier journal takes the shared edge (6), the later does not (5)", ra, rb)
 	}
 }
 
