@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 	qcfg := queue.Config{
-		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, AckWait: cfg.AckWait,
+		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
 		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, StreamReplicas: cfg.StreamReplicas,
 	}
 	pub, err := queue.NewPublisher(a.nc, qcfg)

@@ -38,6 +38,7 @@ type Config struct {
 	GroupMax       int
 	GroupWait      time.Duration
 	MaxDeliver     int
+	MaxDeaths      int
 	AckWait        time.Duration
 	ResultsMaxAge  time.Duration
 	StreamReplicas int
@@ -80,6 +81,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.GroupMax, "group-max", 512, "most requests committed in one durable batch")
 	fs.DurationVar(&c.GroupWait, "group-wait", 0, "how long a group waits for more requests (0: none)")
 	fs.IntVar(&c.MaxDeliver, "max-deliver", 5, "deliveries of a transiently failing request before it is dead-lettered")
+	fs.IntVar(&c.MaxDeaths, "max-deaths", 3, "a request the worker died handling this many times (from its second delivery on) is dead-lettered as crash_loop")
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "consumer AckWait")
 	fs.DurationVar(&c.ResultsMaxAge, "results-max-age", 24*time.Hour, "how long TELHA_RES keeps results")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
@@ -164,6 +166,9 @@ func (c *Config) validate() []error {
 	}
 	if c.MaxDeliver < 1 {
 		bad("--max-deliver must be positive")
+	}
+	if c.MaxDeaths < 1 {
+		bad("--max-deaths must be positive")
 	}
 	if c.AckWait < time.Second {
 		bad("--ack-wait must be at least 1s")

@@ -31,6 +31,14 @@ type Config struct {
 	// delivery (or later) is dead-lettered. Default 5. The consumer itself
 	// redelivers without limit, so a crash never strands a message.
 	MaxDeliver int
+	// MaxDeaths: a request whose handling the worker did not survive this
+	// many times is dead-lettered (crash_loop, result failed) instead of
+	// being redelivered for ever. Counted from the second delivery on (a
+	// marker is stored before a redelivered message is handled and deleted
+	// when its delivery ends); a message that already killed the worker is
+	// handled alone, so the requests that shared its group are not blamed.
+	// Default 3.
+	MaxDeaths int
 	// AckWait of the consumer. Messages being worked on are kept alive with
 	// InProgress well before it. Default 30s.
 	AckWait time.Duration
@@ -69,6 +77,9 @@ func (c Config) Defaults() Config {
 	defD(&c.DuplicateWindow, 2*time.Minute)
 	defD(&c.ResultsMaxAge, 24*time.Hour)
 	defD(&c.DLQMaxAge, 14*24*time.Hour)
+	if c.MaxDeaths <= 0 {
+		c.MaxDeaths = 3
+	}
 	defD(&c.AckWait, 30*time.Second)
 	defD(&c.RetryBase, 500*time.Millisecond)
 	defD(&c.RetryMax, 30*time.Second)

@@ -34,11 +34,12 @@ const (
 	ReasonWrongPartition   = "wrong_partition"   // the message's partition is not this replica's
 	ReasonTooLarge         = "too_large"         // the message is over MaxMessageBytes
 	ReasonRetriesExhausted = "retries_exhausted" // transient failures on the final delivery
+	ReasonCrashLoop        = "crash_loop"        // the worker died handling it, MaxDeaths times
 )
 
 // DeadLetterReasons lists every reason, for metrics initialisation.
 func DeadLetterReasons() []string {
-	return []string{ReasonDecode, ReasonInvalid, ReasonTenantMismatch, ReasonWrongPartition, ReasonTooLarge, ReasonRetriesExhausted}
+	return []string{ReasonDecode, ReasonInvalid, ReasonTenantMismatch, ReasonWrongPartition, ReasonTooLarge, ReasonRetriesExhausted, ReasonCrashLoop}
 }
 
 // Reject is why a message can never be applied.

@@ -101,6 +101,9 @@ type item struct {
 	req      cascade.Request
 	rej      *Reject
 	applied  bool
+	deaths   int  // the crash-loop guard's count for this delivery
+	suspect  bool // it killed the worker before: handled alone
+	marked   bool // dead-lettered by the guard: its marker goes in finish
 	outcome  cascade.Outcome
 	failure  error // transient failure of the group's transaction
 }
@@ -246,12 +249,29 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		reqs = append(reqs, it.req)
 		idx = append(idx, i)
 	}
-	if len(reqs) == 0 {
+	if len(idx) == 0 {
 		return items
 	}
 	stop := w.keepAlive(msgs)
-	outs, _, err := w.ops.Apply(context.Background(), reqs)
+	together, alone := w.guard(items, idx)
+	w.applyGuarded(items, together)
+	for _, i := range alone {
+		w.applyGuarded(items, []int{i})
+	}
 	stop()
+	return items
+}
+
+// applyGroup applies the requests of items[idx] together.
+func (w *Worker) applyGroup(items []*item, idx []int) {
+	if len(idx) == 0 {
+		return
+	}
+	reqs := make([]cascade.Request, len(idx))
+	for k, i := range idx {
+		reqs[k] = items[i].req
+	}
+	outs, _, err := w.ops.Apply(context.Background(), reqs)
 	for k, i := range idx {
 		if outs[k].Kind != 0 {
 			items[i].applied, items[i].outcome = true, outs[k]
@@ -262,7 +282,112 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 	if err != nil {
 		w.log.Warn("group failed; its requests will be retried", "requests", len(reqs), "err", err)
 	}
-	return items
+}
+
+// The crash-loop guard (Config.MaxDeaths). While a redelivered message is
+// being handled (decided and committed), a durable marker with the deaths
+// counted so far says so; it is deleted as soon as the handling is over. A
+// marker found when the message comes again means the worker died while
+// handling it: one death more. A message that already killed the worker is
+// handled alone, after the others and one at a time, so only its own
+// handling is ever blamed on it; one that killed the worker MaxDeaths
+// times is dead-lettered (crash_loop) without being handled again. First
+// deliveries pay nothing: deaths are counted from the second delivery on.
+
+// guard reads the markers of the redelivered messages among items[idx] and
+// sorts them: handled together (first deliveries, and redeliveries without
+// a marker), handled alone (a marker: it killed the worker before), or
+// dead-lettered (MaxDeaths reached).
+func (w *Worker) guard(items []*item, idx []int) (together, alone []int) {
+	var redelivered []int
+	for _, i := range idx {
+		if m := items[i].meta; m != nil && m.NumDelivered > 1 {
+			redelivered = append(redelivered, i)
+		} else {
+			together = append(together, i)
+		}
+	}
+	if len(redelivered) == 0 {
+		return together, nil
+	}
+	err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+		for _, i := range redelivered {
+			m := items[i].meta
+			d, found, err := t.Delivery(m.Stream, m.Sequence.Stream)
+			if err != nil {
+				return err
+			}
+			if found {
+				d++
+			}
+			items[i].deaths, items[i].suspect = d, found
+		}
+		return nil
+	})
+	if err != nil {
+		w.log.Warn("crash-loop guard: delivery markers not read", "err", err)
+		return append(together, redelivered...), nil
+	}
+	for _, i := range redelivered {
+		it := items[i]
+		switch {
+		case it.deaths >= w.cfg.MaxDeaths:
+			it.marked = true // the last marker goes when the dead letter is done
+			it.rej = &Reject{Reason: ReasonCrashLoop, Err: fmt.Sprintf("the worker died %d times while handling this request (delivery %d); it is not handled again (--max-deaths %d)",
+				it.deaths, it.meta.NumDelivered, w.cfg.MaxDeaths), RequestID: it.req.RequestID, Op: it.req.Op.String(), ID: it.req.ID.String()}
+			w.log.Error("request dead-lettered by the crash-loop guard", "stream", it.meta.Stream, "seq", it.meta.Sequence.Stream,
+				"subject", it.msg.Subject(), "request_id", it.req.RequestID, "op", it.req.Op.String(), "deaths", it.deaths)
+		case it.suspect:
+			w.log.Warn("request killed the worker before; handling it alone", "stream", it.meta.Stream, "seq", it.meta.Sequence.Stream,
+				"request_id", it.req.RequestID, "op", it.req.Op.String(), "deaths", it.deaths)
+			alone = append(alone, i)
+		default:
+			together = append(together, i)
+		}
+	}
+	return together, alone
+}
+
+// applyGuarded applies items[idx] together, with the delivery markers of
+// its redelivered messages stored for the time of the handling.
+func (w *Worker) applyGuarded(items []*item, idx []int) {
+	var mark []*item
+	for _, i := range idx {
+		if m := items[i].meta; m != nil && m.NumDelivered > 1 {
+			mark = append(mark, items[i])
+		}
+	}
+	if len(mark) > 0 {
+		err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+			for _, it := range mark {
+				t.MarkDelivery(it.meta.Stream, it.meta.Sequence.Stream, it.deaths)
+			}
+			return nil
+		})
+		if err != nil {
+			w.log.Warn("crash-loop guard: delivery markers not stored", "err", err)
+		}
+	}
+	w.applyGroup(items, idx)
+	w.clearMarkers(mark)
+}
+
+// clearMarkers deletes the delivery markers of items.
+func (w *Worker) clearMarkers(items []*item) {
+	if len(items) == 0 {
+		return
+	}
+	err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+		for _, it := range items {
+			t.ClearDelivery(it.meta.Stream, it.meta.Sequence.Stream)
+		}
+		return nil
+	})
+	if err != nil {
+		// A marker left behind counts one death too many if the message
+		// comes again: conservative, and bounded.
+		w.log.Warn("crash-loop guard: delivery markers not deleted", "err", err)
+	}
 }
 
 // keepAlive sends InProgress for msgs every AckWait/3 until stopped, so a
@@ -294,6 +419,15 @@ func (w *Worker) keepAlive(msgs []jetstream.Msg) func() {
 func (w *Worker) finish(items []*item) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	defer func() {
+		var marked []*item
+		for _, it := range items {
+			if it.marked {
+				marked = append(marked, it)
+			}
+		}
+		w.clearMarkers(marked)
+	}()
 	type pending struct {
 		it  *item
 		fut jetstream.PubAckFuture
@@ -303,9 +437,13 @@ func (w *Worker) finish(items []*item) {
 	for _, it := range items {
 		switch {
 		case it.rej != nil:
+			status := StatusInvalid
+			if it.rej.Reason == ReasonCrashLoop {
+				status = StatusFailed // nothing applied; it may be valid
+			}
 			w.deadLetter(ctx, it, it.rej.Reason, it.rej.Err, Result{
 				RequestID: it.rej.RequestID, Op: it.rej.Op, Tenant: it.tenant, ID: it.rej.ID,
-				Status: StatusInvalid, Error: it.rej.Reason + ": " + it.rej.Err,
+				Status: status, Error: it.rej.Reason + ": " + it.rej.Err,
 			})
 		case !it.applied:
 			delivered := uint64(1)

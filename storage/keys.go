@@ -24,7 +24,8 @@ import (
 //	jobs            0x07 | T | state | priority | created_at | job_id [| page]
 //
 // Meta sub-keyspaces: 0x01 format version, 0x03 | T tenant registry,
-// 0x04 | T | request_id request receipts. (0x02 is reserved: the clock's
+// 0x04 | T | request_id request receipts, 0x05 | stream (length byte +
+// name) | sequence delivery markers of redelivered request messages. (0x02 is reserved: the clock's
 // high-water mark is derived from the tx index, see Store.readHWM.)
 //
 // Jobs states: 0xC0 cascade journal head (the commit point), 0xC1 journal
@@ -48,6 +49,7 @@ const (
 	metaFormat  byte = 0x01
 	metaTenant  byte = 0x03
 	metaReceipt byte = 0x04
+	metaDeliver byte = 0x05
 )
 
 // Jobs state bytes.
@@ -226,6 +228,15 @@ func ReceiptKey(s Scope, requestID string) []byte {
 	return append(b, requestID...)
 }
 
+// DeliveryKey is the key of a request message's delivery marker: stream
+// and stream sequence (a marker is not tenant data: the message may not
+// even name a readable tenant).
+func DeliveryKey(stream string, seq uint64) []byte {
+	b := []byte{ksMeta, metaDeliver, byte(len(stream))}
+	b = append(b, stream...)
+	return binary.BigEndian.AppendUint64(b, seq)
+}
+
 // TenantKey is a tenant's row in the tenant registry.
 func TenantKey(s Scope) []byte { return appendTenant([]byte{ksMeta, metaTenant}, s) }
 
@@ -273,6 +284,8 @@ type Key struct {
 	Page      uint32
 	HasPage   bool
 	RequestID string
+	Stream    string // delivery markers
+	Seq       uint64
 }
 
 // Scope returns the key's tenant as a Scope (zero when the key has none).
@@ -296,6 +309,12 @@ func DecodeKey(b []byte) (Key, error) {
 			k.RequestID = string(d.rest())
 			if d.err == nil && k.RequestID == "" {
 				d.fail("empty request id")
+			}
+		case metaDeliver:
+			n := int(d.byte())
+			k.Stream = string(d.take(n))
+			if b := d.take(8); d.err == nil {
+				k.Seq = binary.BigEndian.Uint64(b)
 			}
 		default:
 			d.fail("unknown meta sub-keyspace")

@@ -407,6 +407,28 @@ func (t *Txn) RemoveJournal(e *JournalEntry, rc *Receipt) error {
 	return nil
 }
 
+// MarkDelivery records that the delivery of a redelivered request message
+// is being handled, with the deaths counted so far (the crash-loop guard of
+// package queue). ClearDelivery removes it when the delivery ends.
+func (t *Txn) MarkDelivery(stream string, seq uint64, deaths int) {
+	_ = t.b.Set(DeliveryKey(stream, seq), []byte{FormatVersion, byte(min(deaths, 255))}, nil)
+}
+
+// ClearDelivery deletes a delivery marker.
+func (t *Txn) ClearDelivery(stream string, seq uint64) { _ = t.b.Delete(DeliveryKey(stream, seq), nil) }
+
+// Delivery reads a delivery marker: found, and the deaths it counted.
+func (t *Txn) Delivery(stream string, seq uint64) (deaths int, found bool, err error) {
+	v, ok, err := getValue(t.r, DeliveryKey(stream, seq))
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	if len(v) != 2 || v[0] != FormatVersion {
+		return 0, true, fmt.Errorf("%w: delivery marker of %s/%d: %x", ErrDecode, stream, seq, v)
+	}
+	return int(v[1]), true, nil
+}
+
 // DeleteOutbox deletes a published result-outbox row.
 func (t *Txn) DeleteOutbox(key []byte) { _ = t.b.Delete(key, nil) }
 

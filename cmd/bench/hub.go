@@ -355,12 +355,12 @@ func rawChild(o *options) (*childResult, error) {
 }
 
 // startChild re-executes this binary as a hub or raw child in dir.
-func startChild(ctx context.Context, o *options, kind, dir string) (*childResult, error) {
+func startChild(ctx context.Context, o *options, kind, dir string, edges int) (*childResult, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--hub-child", kind, "--hub-edges", strconv.Itoa(o.hubEdges), "--dir", dir}
+	args := []string{"--hub-child", kind, "--hub-edges", strconv.Itoa(edges), "--dir", dir}
 	if o.profileDir != "" {
 		args = append(args, "--profile-dir", o.profileDir)
 	}
@@ -383,7 +383,7 @@ func startChild(ctx context.Context, o *options, kind, dir string) (*childResult
 func runHub(ctx context.Context, o *options, pg progress, root string, rep *Report) error {
 	pg.printf("hub: building a %d-edge hub in a child process ...", o.hubEdges)
 	hubDir := filepath.Join(root, "hub")
-	h, err := startChild(ctx, o, "hub", hubDir)
+	h, err := startChild(ctx, o, "hub", hubDir, o.hubEdges)
 	_ = os.RemoveAll(hubDir)
 	if err != nil {
 		return err
@@ -391,7 +391,7 @@ func runHub(ctx context.Context, o *options, pg progress, root string, rep *Repo
 	pg.printf("hub: built in %.1fs (settled %.1fs); cascade of %d edges %.2fs, peak RSS growth %.0f MB, %d commits",
 		h.BuildSeconds, h.SettleSeconds, h.Tombstoned, h.Seconds, h.GrowthMB, h.Commits)
 	rawDir := filepath.Join(root, "raw")
-	r, err := startChild(ctx, o, "raw", rawDir)
+	r, err := startChild(ctx, o, "raw", rawDir, o.hubEdges)
 	_ = os.RemoveAll(rawDir)
 	if err != nil {
 		return err
@@ -400,6 +400,45 @@ func runHub(ctx context.Context, o *options, pg progress, root string, rep *Repo
 	rep.Hub = &HubReport{
 		Edges: o.hubEdges, Seconds: h.Seconds, PeakRSSGrowthMB: h.GrowthMB, RawPebbleSeconds: r.Seconds,
 		Cascade: h, Raw: r,
+	}
+	return nil
+}
+
+// ScalingRow is one hub size of the scaling phase.
+type ScalingRow struct {
+	Edges            int     `json:"edges"`
+	Seconds          float64 `json:"seconds"`
+	RawPebbleSeconds float64 `json:"raw_pebble_seconds"`
+	VsRaw            float64 `json:"vs_raw"`
+	PeakRSSGrowthMB  float64 `json:"peak_rss_growth_mb"`
+	PeakGoHeapMB     float64 `json:"peak_go_heap_mb"`
+	GoAllocMB        float64 `json:"go_total_alloc_mb"`
+	Commits          int64   `json:"commits"`
+}
+
+// runScaling runs the hub and raw children once for each size.
+func runScaling(ctx context.Context, o *options, pg progress, root string, rep *Report) error {
+	for _, n := range o.scalingEdges {
+		pg.printf("scaling: a %d-edge hub ...", n)
+		dir := filepath.Join(root, fmt.Sprintf("scale-%d", n))
+		h, err := startChild(ctx, o, "hub", dir, n)
+		_ = os.RemoveAll(dir)
+		if err != nil {
+			return err
+		}
+		r, err := startChild(ctx, o, "raw", dir, n)
+		_ = os.RemoveAll(dir)
+		if err != nil {
+			return err
+		}
+		row := ScalingRow{Edges: n, Seconds: h.Seconds, RawPebbleSeconds: r.Seconds, PeakRSSGrowthMB: h.GrowthMB,
+			PeakGoHeapMB: h.PeakGoHeapMB, GoAllocMB: h.HeapAllocMB, Commits: h.Commits}
+		if r.Seconds > 0 {
+			row.VsRaw = round3(h.Seconds / r.Seconds)
+		}
+		rep.Scaling = append(rep.Scaling, row)
+		pg.printf("scaling: %d edges: %.2fs (raw Pebble %.2fs, %.2fx), peak RSS growth %.0f MB, peak Go heap %.0f MB",
+			n, row.Seconds, row.RawPebbleSeconds, row.VsRaw, row.PeakRSSGrowthMB, row.PeakGoHeapMB)
 	}
 	return nil
 }

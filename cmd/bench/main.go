@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -31,6 +32,7 @@ type options struct {
 	lightDuration time.Duration
 	mixedDuration time.Duration
 	hubEdges      int
+	scalingEdges  []int
 	phases        map[string]bool
 	dir           string
 	keep          bool
@@ -109,7 +111,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"scaling\" is not in the default)")
+	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
+	scaling10M := fs.Bool("scaling-10m", false, "add a 10,000,000-edge hub to the scaling phase (minutes, and a few GB of disk)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
 	fs.StringVar(&o.profileDir, "profile-dir", "", "write pprof CPU and allocs profiles of the small, pipeline and hub runs here")
@@ -149,15 +153,30 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.publishers < 1 || o.window < 1 || o.tenants < 1 || o.lightRate < 1 {
 		return nil, errors.New("--publishers, --window, --tenants and --light-rate must be positive")
 	}
+	scalingSet := false
+	fs.Visit(func(f *flag.Flag) { scalingSet = scalingSet || f.Name == "scaling-edges" })
+	if o.quick && !scalingSet {
+		*scaling = "100000,400000"
+	}
+	for _, f := range strings.Split(*scaling, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--scaling-edges: %q is not a positive number", f)
+		}
+		o.scalingEdges = append(o.scalingEdges, n)
+	}
+	if *scaling10M {
+		o.scalingEdges = append(o.scalingEdges, 10_000_000)
+	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "pipeline", "naive", "mixed", "hub":
+		case "small", "pipeline", "naive", "mixed", "hub", "scaling":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, pipeline, naive, mixed, hub)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, pipeline, naive, mixed, hub, scaling)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -226,6 +245,11 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 	if o.phases["hub"] {
 		if err := runHub(ctx, o, pg, root, rep); err != nil {
 			return rep, fmt.Errorf("hub: %w", err)
+		}
+	}
+	if o.phases["scaling"] {
+		if err := runScaling(ctx, o, pg, root, rep); err != nil {
+			return rep, fmt.Errorf("scaling: %w", err)
 		}
 	}
 	rep.finish(time.Since(started))

@@ -19,6 +19,7 @@ type Report struct {
 	Naive           *RateReport  `json:"naive,omitempty"`
 	Hub             *HubReport   `json:"hub,omitempty"`
 	Mixed           *MixedReport `json:"mixed,omitempty"`
+	Scaling         []ScalingRow `json:"scaling,omitempty"`
 	SmallVsPipeline *float64     `json:"small_vs_pipeline,omitempty"`
 	SmallVsNaive    *float64     `json:"small_vs_naive,omitempty"`
 	HubVsRaw        *float64     `json:"hub_vs_raw,omitempty"`
@@ -175,6 +176,11 @@ func (r *Report) finish(total time.Duration) {
 		add("small.light_p99_ms", &v, true, 10, "")
 	}
 	add("hub_vs_raw", r.HubVsRaw, true, 1.5, "")
+	for _, row := range r.Scaling {
+		g, v := row.PeakRSSGrowthMB, row.VsRaw
+		add(fmt.Sprintf("scaling %d edges: peak RSS growth MB", row.Edges), &g, true, 256, "")
+		add(fmt.Sprintf("scaling %d edges: seconds / raw Pebble", row.Edges), &v, true, 1.5, "")
+	}
 	if r.Mixed != nil {
 		v := r.Mixed.P99ms
 		add("mixed.p99_ms", &v, true, 50, fmt.Sprintf("%d requests during a %d-edge cascade", r.Mixed.Requests, r.Mixed.HubEdges))
@@ -254,6 +260,16 @@ func printTable(w io.Writer, r *Report) {
 		if c := h.Cascade; c != nil {
 			fmt.Fprintf(w, "(hub build %.1fs, settle %.1fs, not measured)\n", c.BuildSeconds, c.SettleSeconds)
 		}
+	}
+	if len(r.Scaling) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "scaling: hub edges\tseconds\traw Pebble seconds\tx raw\tpeak RSS growth MB\tpeak Go heap MB\tGo alloc MB\tsynced commits")
+		for _, row := range r.Scaling {
+			fmt.Fprintf(tw, "%d\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%d\n", row.Edges, row.Seconds, row.RawPebbleSeconds, row.VsRaw,
+				row.PeakRSSGrowthMB, row.PeakGoHeapMB, row.GoAllocMB, row.Commits)
+		}
+		tw.Flush()
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
