@@ -366,17 +366,14 @@ func TestTenantIsolationSameRequestID(t *testing.T) {
 	}
 	// Both results are kept by TELHA_RES, where Client.Wait/Results look.
 	if got := b.storedResults(rid); len(got) != 2 {
-		t.Skip("contract (CONTRACT §5, docs/DECISIONS.md 5): results carry Nats-Msg-Id res-<request_id>, so request ids must be unique across tenants; TELHA_RES keeps one result per id within its duplicate window")
 		t.Fatalf("TELHA_RES kept %d results of request %s used in two tenants, want 2: %+v", len(got), rid, got)
 	}
 }
 
-// TestTenantIsolationPublisherDedup: CONTRACT §5 has publishers set
-// Nats-Msg-Id to the request_id, and the request stream's duplicate window
-// is per stream, not per tenant: tenant "ab" publishing a request_id that
-// tenant "a" used within the window (2m) is silently dropped (the PubAck
-// says duplicate) and never applied. Request ids are otherwise scoped per
-// tenant (receipts), so a publisher has no reason to expect this.
+// TestTenantIsolationPublisherDedup: the request stream's duplicate window
+// spans tenants, so the project's client publishes with Nats-Msg-Id
+// <tenant>.<request_id>: tenant "ab" publishing a request_id that tenant
+// "a" used within the window is not dropped, and both apply.
 func TestTenantIsolationPublisherDedup(t *testing.T) {
 	ns := testnats.Start(t)
 	w := startWorker(t, ns, t.TempDir(), Options{})
@@ -393,7 +390,7 @@ func TestTenantIsolationPublisherDedup(t *testing.T) {
 		dup = append(dup, ack.Duplicate)
 	}
 	if dup[1] {
-		t.Skip("contract (CONTRACT §5, docs/DECISIONS.md 5): publishers set Nats-Msg-Id = request_id, so TELHA_REQ's duplicate window spans tenants and request ids must be unique across tenants")
+		t.Fatal("the second tenant's publish was dropped as a duplicate of the first's")
 	}
 	rs := b.waitN(rid, 2)
 	for _, tn := range []string{"a", "ab"} {

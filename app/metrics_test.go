@@ -24,7 +24,7 @@ var families = []string{
 	"telha_queue_redelivered_messages", "telha_storage_commit_duration_seconds", "telha_build_info",
 	"telha_pebble_compaction_debt_bytes", "telha_pebble_l0_files", "telha_pebble_l0_sublevels",
 	"telha_pebble_disk_usage_bytes", "telha_pebble_write_stalls_total", "telha_pebble_write_stall_duration_seconds_total",
-	"telha_storage_commit_failures_total", "telha_storage_disk_free_bytes", "telha_writer_wait_seconds", "telha_writer_task_seconds",
+	"telha_storage_commit_failures_total", "telha_storage_disk_free_bytes", "telha_writer_wait_seconds", "telha_writer_task_seconds", "telha_dead_letter_failures_total",
 	"go_goroutines", "process_resident_memory_bytes",
 }
 

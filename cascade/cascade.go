@@ -81,6 +81,9 @@ type nodeDecision struct {
 	validEnd  storage.Ts
 	edges     []collected
 	start     time.Time
+	// fingerprint of the request, kept with its journal (conflict checks
+	// while it runs, and its receipt when it ends)
+	fingerprint storage.Fingerprint
 }
 
 // decideNode is phases 1-3 of the seed's algorithm, on the writer: the
@@ -164,7 +167,7 @@ func (o *Ops) decideNode(t *storage.Txn, r *Request, b budget) (nodeDecision, er
 func (o *Ops) writeNode(t *storage.Txn, r *Request, d nodeDecision) *storage.JournalEntry {
 	sc, node := r.Scope, r.ID
 	if d.journaled {
-		e := t.BeginJournal(sc, node, d.validEnd, d.tx, r.Prov)
+		e := t.BeginJournal(sc, node, d.validEnd, d.tx, r.Prov, d.fingerprint)
 		if o.sink != nil {
 			t.AfterCommit(func() { o.sink.Begin(e) })
 		}

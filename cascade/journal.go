@@ -242,7 +242,8 @@ func (o *Applier) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs
 		}
 		break
 	}
-	rc := storage.Receipt{Op: storage.OpTombstoneNode, Status: storage.StatusOK, ID: j.NodeID, Tx: j.Tx, EdgesTombstoned: uint64(total), Journaled: true}
+	rc := storage.Receipt{Op: storage.OpTombstoneNode, Status: storage.StatusOK, ID: j.NodeID, Tx: j.Tx, EdgesTombstoned: uint64(total), Journaled: true,
+		Fingerprint: j.Fingerprint}
 	o.step(e, steps+1)
 	if err := o.store.Update(ctx, func(t *storage.Txn) error { return t.RemoveJournal(e, &rc) }); err != nil {
 		return storage.Receipt{}, err

@@ -2,6 +2,8 @@ package cascade
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +21,7 @@ var (
 	ErrEndpointDead      = storage.ErrEndpointDead
 	ErrCascadeInFlight   = storage.ErrCascadeInFlight
 	ErrInvalid           = storage.ErrInvalid
+	ErrConflict          = storage.ErrConflict
 	ErrDecode            = storage.ErrDecode
 	ErrStorage           = storage.ErrStorage
 )
@@ -176,6 +179,43 @@ type Request struct {
 	Prov      storage.Provenance
 }
 
+// Fingerprint identifies the request's content: its op and every field
+// but the request id (tenant, id, endpoints, label, times as given, props,
+// provenance), canonically encoded and hashed. A request id seen again with
+// the same fingerprint is a retry (it gets the stored answer); with
+// another, a conflict.
+func (r *Request) Fingerprint() storage.Fingerprint {
+	h := sha256.New()
+	var b []byte
+	str := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	ts := func(t storage.Ts) { b = binary.BigEndian.AppendUint64(b, uint64(t)) }
+	b = append(b, 1, byte(r.Op)) // 1: the encoding's version
+	str(r.Scope.Tenant())
+	b = append(b, r.ID[:]...)
+	b = append(b, r.Src[:]...)
+	b = append(b, r.Dst[:]...)
+	str(r.Label)
+	ts(r.ValidFrom)
+	ts(r.ValidTo)
+	ts(r.ValidEnd)
+	props := r.Props
+	if len(props) == 0 {
+		props = []byte("{}") // what an omitted props stores
+	}
+	str(string(props))
+	str(r.Prov.Actor)
+	str(r.Prov.Reason)
+	str(r.Prov.Source)
+	ts(r.Prov.DecidedAt)
+	h.Write(b)
+	var fp storage.Fingerprint
+	copy(fp[:], h.Sum(nil))
+	return fp
+}
+
 // Kind says what an Outcome is.
 type Kind uint8
 
@@ -192,6 +232,11 @@ const (
 	// id. The answer is written to the result outbox when the journal
 	// finishes.
 	Journaled
+	// Conflict: the request id was used before in its tenant for a
+	// different request (another fingerprint). Nothing is applied or
+	// stored; Receipt is the first request's, when it has one (Err says
+	// which request it was).
+	Conflict
 )
 
 // Outcome is what applying one Request came to.
@@ -211,6 +256,8 @@ func (oc Outcome) Status() storage.Status {
 		return oc.Receipt.Status
 	case Journaled:
 		return storage.StatusOK
+	case Conflict:
+		return storage.StatusConflict
 	}
 	return storage.StatusInvalid
 }
@@ -299,15 +346,24 @@ func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool,
 	if r.Scope.IsZero() {
 		return Outcome{Kind: Invalid, Err: fmt.Errorf("%w: no tenant", ErrInvalid)}, true, nil
 	}
+	fp := r.Fingerprint()
 	if r.RequestID != "" {
 		rc, ok, err := t.Receipt(r.Scope, r.RequestID)
 		if err != nil {
 			return Outcome{}, false, err
 		}
 		if ok {
+			if !rc.Fingerprint.IsZero() && rc.Fingerprint != fp {
+				return Outcome{Kind: Conflict, Receipt: rc, Duplicate: true, Err: fmt.Errorf("%w: request id %q was used for %s of %s (status %s); this request differs",
+					ErrConflict, r.RequestID, rc.Op, rc.ID, rc.Status)}, true, nil
+			}
 			return Outcome{Kind: Answered, Receipt: rc, Err: rc.Status.Err(), Duplicate: true}, true, nil
 		}
 		if e := t.Store().Journals().ByRequest(r.Scope, r.RequestID); e != nil {
+			if !e.J.Fingerprint.IsZero() && e.J.Fingerprint != fp {
+				return Outcome{Kind: Conflict, Duplicate: true, Err: fmt.Errorf("%w: request id %q is the tombstone_node of %s, in flight; this request differs",
+					ErrConflict, r.RequestID, e.J.NodeID)}, true, nil
+			}
 			return Outcome{Kind: Journaled, Journal: e, Duplicate: true}, true, nil
 		}
 	}
@@ -339,6 +395,7 @@ func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool,
 	case storage.OpTombstoneNode:
 		var d nodeDecision
 		d, err2 = o.decideNode(t, &r, b)
+		d.fingerprint = fp
 		if err2 == nil && !d.fits {
 			return Outcome{}, false, nil
 		}
@@ -363,7 +420,7 @@ func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool,
 	if st == storage.StatusInvalid {
 		return Outcome{Kind: Invalid, Err: err2}, true, nil
 	}
-	rc := storage.Receipt{Op: r.Op, ID: r.ID, Status: st}
+	rc := storage.Receipt{Op: r.Op, ID: r.ID, Status: st, Fingerprint: fp}
 	if st == storage.StatusOK {
 		rc.Tx, rc.EdgesTombstoned = tx, edges
 	}

@@ -528,6 +528,7 @@ var requiredAlerts = []string{
 	"TelhaJournalStuck",
 	"TelhaReaperNotSucceeding",
 	"TelhaDeadLettersIncreasing",
+	"TelhaDeadLetterFailures",
 	"TelhaConsumerBacklogGrowing",
 	"TelhaRedeliveriesHigh",
 	"TelhaPebbleWriteStalls",

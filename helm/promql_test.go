@@ -39,6 +39,7 @@ var workerMetrics = map[string]string{
 	"telha_pebble_write_stall_duration_seconds_total": "counter",
 	"telha_writer_wait_seconds":                       "histogram",
 	"telha_writer_task_seconds":                       "histogram",
+	"telha_dead_letter_failures_total":                "counter",
 }
 
 // knownMetric reports whether name is exported by the worker.

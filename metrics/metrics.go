@@ -35,6 +35,7 @@ type Metrics struct {
 	ReaperResumed     prometheus.Counter
 	ReaperLastSuccess prometheus.Gauge
 	DeadLetters       *prometheus.CounterVec
+	DeadLetterFails   *prometheus.CounterVec
 	CommitDuration    prometheus.Histogram
 	CommitFailures    prometheus.Counter
 	WriterWait        *prometheus.HistogramVec
@@ -85,6 +86,9 @@ func New(b Build, l Labels) *Metrics {
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "telha_dead_letters_total", Help: "Messages copied to the dead-letter stream, by reason.",
 		}, []string{"reason"}),
+		DeadLetterFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_dead_letter_failures_total", Help: "Messages terminated WITHOUT their copy in the dead-letter stream (the copy kept failing until their last delivery), by reason.",
+		}, []string{"reason"}),
 		CommitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "telha_storage_commit_duration_seconds", Help: "Durable (fsynced) Pebble batch commits.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
@@ -106,7 +110,7 @@ func New(b Build, l Labels) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
-		m.WriterWait, m.WriterRun,
+		m.WriterWait, m.WriterRun, m.DeadLetterFails,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
 		m.RequestDuration.WithLabelValues(op)
@@ -126,6 +130,7 @@ func New(b Build, l Labels) *Metrics {
 	}
 	for _, reason := range l.DeadLetterReasons {
 		m.DeadLetters.WithLabelValues(reason)
+		m.DeadLetterFails.WithLabelValues(reason)
 	}
 	if b.Version == "" {
 		b.Version = "dev"
@@ -169,6 +174,9 @@ func (m *Metrics) Acked(op string, took time.Duration) {
 
 // DeadLetter records one dead letter.
 func (m *Metrics) DeadLetter(reason string) { m.DeadLetters.WithLabelValues(reason).Inc() }
+
+// DeadLetterFailed records a message terminated without its dead letter.
+func (m *Metrics) DeadLetterFailed(reason string) { m.DeadLetterFails.WithLabelValues(reason).Inc() }
 
 // Cascade records a cascade whose node tombstone landed.
 func (m *Metrics) Cascade(path string, edges uint64) {

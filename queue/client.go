@@ -13,7 +13,7 @@ import (
 )
 
 // Client is what an upstream service needs: publish requests (with
-// Nats-Msg-Id = request_id, so the request stream deduplicates publisher
+// Nats-Msg-Id = <tenant>.<request_id>, so the request stream deduplicates publisher
 // retries) and collect their results from TELHA_RES.
 type Client struct {
 	js  jetstream.JetStream
@@ -38,7 +38,7 @@ func (c *Client) RequestMsg(tenant, requestID string, body []byte) *nats.Msg {
 	m := nats.NewMsg(c.cfg.reqSubject(tenant))
 	m.Data = body
 	if requestID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, requestID)
+		m.Header.Set(jetstream.MsgIDHeader, RequestMsgID(tenant, requestID))
 	}
 	return m
 }

@@ -35,11 +35,12 @@ const (
 	ReasonTooLarge         = "too_large"         // the message is over MaxMessageBytes
 	ReasonRetriesExhausted = "retries_exhausted" // transient failures on the final delivery
 	ReasonCrashLoop        = "crash_loop"        // the worker died handling it, MaxDeaths times
+	ReasonConflict         = "conflict"          // its request id was used before for another request
 )
 
 // DeadLetterReasons lists every reason, for metrics initialisation.
 func DeadLetterReasons() []string {
-	return []string{ReasonDecode, ReasonInvalid, ReasonTenantMismatch, ReasonWrongPartition, ReasonTooLarge, ReasonRetriesExhausted, ReasonCrashLoop}
+	return []string{ReasonDecode, ReasonInvalid, ReasonTenantMismatch, ReasonWrongPartition, ReasonTooLarge, ReasonRetriesExhausted, ReasonCrashLoop, ReasonConflict}
 }
 
 // Reject is why a message can never be applied.

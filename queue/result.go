@@ -22,6 +22,7 @@ var (
 	StatusCascadeInFlight   = storage.StatusCascadeInFlight.String()
 	StatusInvalid           = storage.StatusInvalid.String()
 	StatusFailed            = storage.StatusFailed.String()
+	StatusConflict          = storage.StatusConflict.String()
 )
 
 // Statuses lists every status, for metrics initialisation.
@@ -34,7 +35,7 @@ func Statuses() []string {
 }
 
 // Result is the result body published on telha.res.<tenant>, one per
-// request, with Nats-Msg-Id res-<request_id>.
+// request, with Nats-Msg-Id res.<tenant>.<request_id> (ResultMsgID).
 type Result struct {
 	RequestID       string `json:"request_id"`
 	Op              string `json:"op"`
@@ -45,6 +46,9 @@ type Result struct {
 	TxTime          string `json:"tx_time"`
 	EdgesTombstoned uint64 `json:"edges_tombstoned"`
 	Journaled       bool   `json:"journaled"`
+	// RequestIDFrom is "nats_msg_id" when the body had no readable
+	// request_id and RequestID is the message's Nats-Msg-Id instead.
+	RequestIDFrom string `json:"request_id_from,omitempty"`
 }
 
 // ResultOfReceipt builds the result of a request from its receipt (fresh or
@@ -66,8 +70,8 @@ func ResultOfReceipt(tenant, requestID string, rc storage.Receipt, err error) Re
 	return res
 }
 
-// resultOfOutcome maps an answered or invalid outcome to its result (a
-// journaled one is answered from the outbox).
+// resultOfOutcome maps an answered, invalid or conflicting outcome to its
+// result (a journaled one is answered from the outbox).
 func resultOfOutcome(req *cascade.Request, oc cascade.Outcome) Result {
 	if oc.Kind == cascade.Answered {
 		return ResultOfReceipt(req.Scope.Tenant(), req.RequestID, oc.Receipt, oc.Err)
@@ -85,10 +89,20 @@ func resultMsg(cfg Config, res Result) *nats.Msg {
 	m := nats.NewMsg(cfg.resSubject(res.Tenant))
 	m.Data = body
 	if res.RequestID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, "res-"+res.RequestID)
+		m.Header.Set(jetstream.MsgIDHeader, ResultMsgID(res.Tenant, res.RequestID))
 	}
 	return m
 }
+
+// ResultMsgID is the Nats-Msg-Id of a request's result:
+// res.<tenant>.<request_id>, so a request id used in two tenants gives two
+// results, not one dropped as the other's duplicate.
+func ResultMsgID(tenant, requestID string) string { return "res." + tenant + "." + requestID }
+
+// RequestMsgID is the Nats-Msg-Id the project's clients publish a request
+// with: <tenant>.<request_id> (the request stream's duplicate window spans
+// tenants). Other publishers should do the same (CONTRACT §5).
+func RequestMsgID(tenant, requestID string) string { return tenant + "." + requestID }
 
 // Publisher publishes results on the results stream, waiting for the
 // stream's ack. A result published twice within the stream's duplicate

@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +28,10 @@ type Hooks struct {
 	Acked func(op string, took time.Duration)
 	// DeadLetter fires once per dead letter.
 	DeadLetter func(reason string)
+	// DeadLetterFailed fires when a message that had to be dead-lettered
+	// was terminated without its copy in the dead-letter stream (the copy
+	// kept failing until the message's MaxDeliver-th delivery).
+	DeadLetterFailed func(reason string)
 }
 
 // ConsumerStats is the consumer's state as of the last refresh.
@@ -441,10 +447,16 @@ func (w *Worker) finish(items []*item) {
 			if it.rej.Reason == ReasonCrashLoop {
 				status = StatusFailed // nothing applied; it may be valid
 			}
-			w.deadLetter(ctx, it, it.rej.Reason, it.rej.Err, Result{
-				RequestID: it.rej.RequestID, Op: it.rej.Op, Tenant: it.tenant, ID: it.rej.ID,
-				Status: status, Error: it.rej.Reason + ": " + it.rej.Err,
-			})
+			res := Result{RequestID: it.rej.RequestID, Op: it.rej.Op, Tenant: it.tenant, ID: it.rej.ID,
+				Status: status, Error: it.rej.Reason + ": " + it.rej.Err}
+			if res.RequestID == "" {
+				// No readable request_id: answer under the publisher's
+				// message id, so the publisher can still match it.
+				if id := it.msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+					res.RequestID, res.RequestIDFrom = id, "nats_msg_id"
+				}
+			}
+			w.deadLetter(ctx, it, it.rej.Reason, it.rej.Err, res)
 		case !it.applied:
 			delivered := uint64(1)
 			if it.meta != nil {
@@ -459,6 +471,16 @@ func (w *Worker) finish(items []*item) {
 				continue
 			}
 			_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
+		case it.outcome.Kind == cascade.Conflict || it.outcome.Kind == cascade.Invalid:
+			// Nothing applied and it can never apply as sent: like an
+			// invalid body, it is dead-lettered (with its reason) and
+			// answered.
+			reason := ReasonInvalid
+			if it.outcome.Kind == cascade.Conflict {
+				reason = ReasonConflict
+			}
+			res := resultOfOutcome(&it.req, it.outcome)
+			w.deadLetter(ctx, it, reason, res.Error, res)
 		case it.outcome.Kind == cascade.Journaled:
 			// The journal (the commit point) is durable: the cascade will
 			// complete, and its result is published from the outbox when the
@@ -514,26 +536,50 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	m := nats.NewMsg(w.cfg.dlqSubject(it.tenant))
 	m.Data = it.msg.Data()
 	delivered := uint64(1)
+	stream, seq := "", uint64(0)
 	if it.meta != nil {
-		delivered = it.meta.NumDelivered
-		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq-%s-%d", it.meta.Stream, it.meta.Sequence.Stream))
+		delivered, stream, seq = it.meta.NumDelivered, it.meta.Stream, it.meta.Sequence.Stream
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq-%s-%d", stream, seq))
 	}
+	origID := it.msg.Headers().Get(jetstream.MsgIDHeader)
 	m.Header.Set("Telha-Error", why)
 	m.Header.Set("Telha-Reason", reason)
 	m.Header.Set("Telha-Original-Subject", w.cfg.reqSubject(it.tenant))
 	m.Header.Set("Telha-Stream-Subject", it.msg.Subject())
 	m.Header.Set("Telha-Deliveries", strconv.FormatUint(delivered, 10))
+	if origID != "" {
+		m.Header.Set("Telha-Original-Msg-Id", origID)
+	}
+	fitDeadLetter(m, w.maxPayload())
 	if _, err := w.js.PublishMsg(ctx, m); err != nil {
-		w.log.Error("dead letter not stored; the message is kept for redelivery", "reason", reason, "err", err)
-		_ = it.msg.NakWithDelay(time.Second)
-		return
+		if delivered < uint64(w.cfg.MaxDeliver) {
+			w.log.Error("dead letter not stored; the message is kept for redelivery", "reason", reason, "stream", stream, "seq", seq,
+				"subject", it.msg.Subject(), "msg_id", origID, "request_id", res.RequestID, "delivery", delivered, "err", err)
+			_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
+			return
+		}
+		// Never loop for ever: on its MaxDeliver-th delivery a message is
+		// terminated even without its copy, loudly.
+		w.log.Error("dead letter not stored after every delivery; the message is terminated WITHOUT a copy in the dead-letter stream",
+			"reason", reason, "stream", stream, "seq", seq, "subject", it.msg.Subject(), "msg_id", origID,
+			"request_id", res.RequestID, "deliveries", delivered, "err", err)
+		if w.hooks.DeadLetterFailed != nil {
+			w.hooks.DeadLetterFailed(reason)
+		}
+	} else {
+		if w.hooks.DeadLetter != nil {
+			w.hooks.DeadLetter(reason)
+		}
+		w.log.Warn("dead-lettered", "reason", reason, "error", why, "subject", it.msg.Subject(), "request_id", res.RequestID, "deliveries", delivered)
 	}
-	if w.hooks.DeadLetter != nil {
-		w.hooks.DeadLetter(reason)
+	rm := w.resultMsg(res)
+	if res.Status == StatusConflict {
+		// The id's first request has the result id res.<tenant>.<id>; this
+		// one must not be dropped as its duplicate.
+		rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("res.%s.%s.conflict.%s.%d", res.Tenant, res.RequestID, stream, seq))
 	}
-	w.log.Warn("dead-lettered", "reason", reason, "error", why, "subject", it.msg.Subject(), "request_id", res.RequestID, "deliveries", delivered)
-	if _, err := w.js.PublishMsg(ctx, w.resultMsg(res)); err != nil {
-		w.log.Warn("publish invalid result", "err", err)
+	if _, err := w.js.PublishMsg(ctx, rm); err != nil {
+		w.log.Warn("publish the result of a dead-lettered request", "request_id", res.RequestID, "status", res.Status, "err", err)
 	} else if w.hooks.Result != nil {
 		w.hooks.Result(res.Op, res.Status)
 	}
@@ -544,3 +590,35 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		w.hooks.Acked(it.opLabel(), time.Since(it.received))
 	}
 }
+
+// maxPayload is the largest message the server accepts.
+func (w *Worker) maxPayload() int {
+	if n := w.nc.MaxPayload(); n > 0 {
+		return int(n)
+	}
+	return 1 << 20
+}
+
+// fitDeadLetter truncates a dead letter's body when the copy with its
+// headers would not fit the server's max payload, and says so in headers:
+// Telha-Truncated, Telha-Original-Size and Telha-Original-Sha256 (of the
+// whole body), so a dead letter can always be stored.
+func fitDeadLetter(m *nats.Msg, maxPayload int) {
+	hdr := 0
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			hdr += len(k) + len(v) + 4
+		}
+	}
+	const room = 1024 // the truncation headers, and the header block's own framing
+	if len(m.Data)+hdr+room <= maxPayload {
+		return
+	}
+	sum := sha256.Sum256(m.Data)
+	keep := max(0, maxPayload-hdr-room)
+	m.Header.Set("Telha-Truncated", "true")
+	m.Header.Set("Telha-Original-Size", strconv.Itoa(len(m.Data)))
+	m.Header.Set("Telha-Original-Sha256", hex.EncodeToString(sum[:]))
+	m.Data = m.Data[:keep]
+}
+

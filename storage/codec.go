@@ -16,6 +16,9 @@ const (
 	flagTombstone byte = 1 << 0
 	flagDecidedAt byte = 1 << 1
 	flagJournaled byte = 1 << 2
+	// flagFingerprint: a receipt or journal head carries its request's
+	// fingerprint (16 bytes at the end). Records of earlier builds have none.
+	flagFingerprint byte = 1 << 3
 
 	// maxFieldLen bounds any length-prefixed field a decoder will accept.
 	maxFieldLen = 1 << 24
@@ -326,15 +329,20 @@ const (
 	// StatusInvalid: the request can never apply (never stored: deciding
 	// again gives the same answer).
 	StatusInvalid
-	// StatusFailed: transient failures outlasted the delivery limit;
-	// nothing was applied (never stored).
+	// StatusFailed: transient failures outlasted the delivery limit, or
+	// the worker died handling it too often; nothing was applied (never
+	// stored).
 	StatusFailed
+	// StatusConflict: the request id was used before in this tenant for a
+	// different request; nothing was applied (never stored: the first
+	// request's receipt stays the answer of its id).
+	StatusConflict
 )
 
 var statusNames = [...]string{
 	StatusOK: "ok", StatusNotFound: "not_found", StatusAlreadyTombstoned: "already_tombstoned",
 	StatusEndpointDead: "endpoint_dead", StatusCascadeInFlight: "cascade_in_flight",
-	StatusInvalid: "invalid", StatusFailed: "failed",
+	StatusInvalid: "invalid", StatusFailed: "failed", StatusConflict: "conflict",
 }
 
 // String is the status's name in results (CONTRACT §5).
@@ -347,7 +355,7 @@ func (s Status) String() string {
 
 // Statuses lists every status, in order.
 func Statuses() []Status {
-	return []Status{StatusOK, StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid, StatusFailed}
+	return []Status{StatusOK, StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid, StatusFailed, StatusConflict}
 }
 
 // Stored reports whether a receipt may record s.
@@ -367,6 +375,8 @@ func (s Status) Err() error {
 		return ErrCascadeInFlight
 	case StatusInvalid:
 		return ErrInvalid
+	case StatusConflict:
+		return ErrConflict
 	}
 	return nil
 }
@@ -378,7 +388,7 @@ func StatusOf(err error) (Status, bool) {
 	if err == nil {
 		return StatusOK, true
 	}
-	for _, s := range []Status{StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid} {
+	for _, s := range []Status{StatusNotFound, StatusAlreadyTombstoned, StatusEndpointDead, StatusCascadeInFlight, StatusInvalid, StatusConflict} {
 		if errors.Is(err, s.Err()) {
 			return s, true
 		}
@@ -396,7 +406,17 @@ type Receipt struct {
 	Tx              Ts // set when Status == StatusOK
 	EdgesTombstoned uint64
 	Journaled       bool
+	// Fingerprint of the request (op and fields, canonical); zero in
+	// receipts of earlier builds.
+	Fingerprint Fingerprint
 }
+
+// Fingerprint identifies a request's content (cascade.Request.Fingerprint),
+// so a request id used again for a different request is told from a retry.
+type Fingerprint [16]byte
+
+// IsZero reports whether no fingerprint was recorded.
+func (f Fingerprint) IsZero() bool { return f == Fingerprint{} }
 
 // EncodeReceipt encodes a receipt.
 func EncodeReceipt(r *Receipt) []byte {
@@ -408,10 +428,16 @@ func EncodeReceipt(r *Receipt) []byte {
 	if r.Journaled {
 		flags |= flagJournaled
 	}
+	if !r.Fingerprint.IsZero() {
+		flags |= flagFingerprint
+	}
 	e.byte(flags)
 	e.uuid(r.ID)
 	e.i64(int64(r.Tx))
 	e.uvar(r.EdgesTombstoned)
+	if flags&flagFingerprint != 0 {
+		e.b = append(e.b, r.Fingerprint[:]...)
+	}
 	return e.b
 }
 
@@ -430,7 +456,7 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 		if !r.Status.Stored() {
 			d.fail("bad status %d", r.Status)
 		}
-		if flags&^flagJournaled != 0 {
+		if flags&^(flagJournaled|flagFingerprint) != 0 {
 			d.fail("unknown flags %#x", flags)
 		}
 	}
@@ -438,6 +464,9 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 	r.ID = d.uuid()
 	r.Tx = Ts(d.i64())
 	r.EdgesTombstoned = d.uvar()
+	if flags&flagFingerprint != 0 {
+		copy(r.Fingerprint[:], d.take(16))
+	}
 	if err := d.finish("receipt"); err != nil {
 		return Receipt{}, err
 	}
@@ -460,6 +489,8 @@ type Journal struct {
 	PageCount uint32
 	Prov      Provenance // Prov.RequestID is the request to answer when done
 	CreatedAt Ts         // wall-clock time the journal was written
+	// Fingerprint of the request (zero in heads of earlier builds).
+	Fingerprint Fingerprint
 }
 
 // JournalPageSize is the number of edge ids per journal page row.
@@ -473,6 +504,9 @@ func EncodeJournal(j *Journal) []byte {
 	if j.Prov.DecidedAt != NoTs {
 		flags |= flagDecidedAt
 	}
+	if !j.Fingerprint.IsZero() {
+		flags |= flagFingerprint
+	}
 	e.byte(flags)
 	e.uuid(j.NodeID)
 	e.i64(int64(j.ValidEnd))
@@ -484,6 +518,9 @@ func EncodeJournal(j *Journal) []byte {
 	if flags&flagDecidedAt != 0 {
 		e.i64(int64(j.Prov.DecidedAt))
 	}
+	if flags&flagFingerprint != 0 {
+		e.b = append(e.b, j.Fingerprint[:]...)
+	}
 	return e.b
 }
 
@@ -493,7 +530,7 @@ func DecodeJournal(b []byte) (Journal, error) {
 	var j Journal
 	d.header("journal")
 	flags := d.byte()
-	if d.err == nil && flags&^flagDecidedAt != 0 {
+	if d.err == nil && flags&^(flagDecidedAt|flagFingerprint) != 0 {
 		d.fail("unknown flags %#x", flags)
 	}
 	j.NodeID = d.uuid()
@@ -510,6 +547,9 @@ func DecodeJournal(b []byte) (Journal, error) {
 	j.Prov.DecidedAt = NoTs
 	if flags&flagDecidedAt != 0 {
 		j.Prov.DecidedAt = Ts(d.i64())
+	}
+	if flags&flagFingerprint != 0 {
+		copy(j.Fingerprint[:], d.take(16))
 	}
 	if err := d.finish("journal"); err != nil {
 		return Journal{}, err

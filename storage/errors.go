@@ -15,6 +15,8 @@ var (
 	// ErrCascadeInFlight: a cascade journal for a node the write touches is
 	// being applied. Retryable.
 	ErrCascadeInFlight = errors.New("cascade in flight")
+	// ErrConflict: the request id was used before for a different request.
+	ErrConflict = errors.New("conflict")
 	// ErrInvalid: the request itself is malformed (bad tenant, empty interval,
 	// changed edge endpoints, ...).
 	ErrInvalid = errors.New("invalid")

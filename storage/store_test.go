@@ -93,7 +93,7 @@ func TestWriteRefusals(t *testing.T) {
 	c := uuid.New()
 	mustNode(t, s, sc, c)
 	err = s.Update(ctx, func(tx *Txn) error {
-		tx.BeginJournal(sc, a, 0, tx.NextTx(), Provenance{DecidedAt: NoTs})
+		tx.BeginJournal(sc, a, 0, tx.NextTx(), Provenance{DecidedAt: NoTs}, Fingerprint{})
 		return nil
 	})
 	if err != nil {
@@ -120,7 +120,7 @@ func TestJournalsReloadedOnOpen(t *testing.T) {
 	sc := MustScope("j")
 	n := uuid.New()
 	err := s.Update(context.Background(), func(tx *Txn) error {
-		e := tx.BeginJournal(sc, n, 5, tx.NextTx(), Provenance{RequestID: "r1", DecidedAt: NoTs})
+		e := tx.BeginJournal(sc, n, 5, tx.NextTx(), Provenance{RequestID: "r1", DecidedAt: NoTs}, Fingerprint{1})
 		// The older build's layout: the head counts its pages.
 		j := e.J
 		j.Edges, j.PageCount = JournalPageSize+3, 2

@@ -362,9 +362,9 @@ func JournalJobID(node uuid.UUID, tx Ts) uuid.UUID {
 // until RemoveJournal. The head records what the cascade needs to be
 // re-derived at any time (node, tx, valid_end, provenance); the edges are
 // the node's, frozen by the fence (see JournalEntry).
-func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance) *JournalEntry {
+func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance, fp Fingerprint) *JournalEntry {
 	t.touch(sc)
-	j := Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now())}
+	j := Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now()), Fingerprint: fp}
 	key := JobKey(sc, CascadeJournalState, 0, tx, JournalJobID(node, tx))
 	_ = t.b.Set(key, EncodeJournal(&j), nil)
 	e := newJournalEntry(sc, key, j)

@@ -1,0 +1,114 @@
+package app
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+)
+
+// The queue contract points of the issue "The queue and HTTP contracts in
+// a new user's hands", each through the real worker and a real NATS server.
+
+// TestE2EHugeInvalidMessageIsDeadLetteredTruncated: an invalid request just
+// under the server's max payload cannot be copied whole with its Telha-*
+// headers; the dead letter is stored with its body cut short and headers
+// that say so (original size, SHA-256 of the whole body), the request is
+// answered and terminated, and it never loops.
+func TestE2EHugeInvalidMessageIsDeadLetteredTruncated(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	max := int(b.nc.MaxPayload())
+	body := []byte(`{"request_id":"huge-1","op":"put_node","tenant":"big","id":"` + uuid.NewString() + `","props":{"x":"` +
+		strings.Repeat("a", max-300) + `"}}`)
+	body = body[:max-200] // not even JSON any more: all the worse
+	b.sendRaw("telha.req.big", body, "big.huge-1")
+	r := b.wait("big.huge-1") // no readable request_id: answered under the Nats-Msg-Id
+	if r.Status != queue.StatusInvalid || r.RequestIDFrom != "nats_msg_id" {
+		t.Fatalf("result %+v, want invalid under the message id", r)
+	}
+	var dl *dlqMsg
+	for _, m := range b.deadLetters() {
+		if m.Header.Get("Telha-Original-Msg-Id") == "big.huge-1" {
+			dl = &m
+		}
+	}
+	if dl == nil {
+		t.Fatal("no dead letter")
+	}
+	sum := sha256.Sum256(body)
+	if dl.Header.Get("Telha-Truncated") != "true" || dl.Header.Get("Telha-Original-Size") != strconv.Itoa(len(body)) ||
+		dl.Header.Get("Telha-Original-Sha256") != hex.EncodeToString(sum[:]) || len(dl.Data) >= len(body) || !strings.HasPrefix(string(body), string(dl.Data)) {
+		t.Fatalf("dead letter headers %v, %d of %d bytes", dl.Header, len(dl.Data), len(body))
+	}
+}
+
+// TestE2ERequestIDReusedForAnotherRequestIsAConflict: dup-2 as a put_node of
+// X, then dup-2 as a tombstone_node of Y: the second is answered conflict,
+// dead-lettered (reason conflict), and Y stays alive; the same put_node of
+// X again (a retry) still gets the first answer, same tx.
+func TestE2ERequestIDReusedForAnotherRequestIsAConflict(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	x, y := uuid.NewString(), uuid.NewString()
+	mustOK(t, b.wait(b.send("cf", node(y))))
+	first := mustOK(t, b.wait(b.send("cf", map[string]any{"request_id": "dup-2", "op": "put_node", "id": x})))
+	b.sendRaw("telha.req.cf", []byte(`{"request_id":"dup-2","op":"tombstone_node","tenant":"cf","id":"`+y+`"}`), "cf.dup-2.second")
+	rs := b.waitN("dup-2", 2)
+	if rs[1].Status != queue.StatusConflict || !strings.Contains(rs[1].Error, "put_node") || rs[1].TxTime != "" {
+		t.Fatalf("second request under dup-2: %+v, want conflict naming the first", rs[1])
+	}
+	if code := w.get("/v1/tenants/cf/nodes/"+y, nil); code != 200 {
+		t.Fatalf("node Y after the conflicting tombstone: %d, want alive", code)
+	}
+	found := false
+	for _, m := range b.deadLetters() {
+		if m.Header.Get("Telha-Reason") == queue.ReasonConflict && strings.Contains(string(m.Data), y) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("the conflict is not in TELHA_DLQ")
+	}
+	// A retry of the first request (same body, new message id) gets its answer.
+	b.sendRaw("telha.req.cf", []byte(`{"request_id":"dup-2","op":"put_node","tenant":"cf","id":"`+x+`"}`), "cf.dup-2.retry")
+	rs = b.waitN("dup-2", 3)
+	if rs[2].Status != queue.StatusOK || rs[2].TxTime != first.TxTime {
+		t.Fatalf("retry of the first request: %+v, want ok at %s", rs[2], first.TxTime)
+	}
+}
+
+// TestE2EInvalidAtApplyTimeIsDeadLettered: a put_edge that would change an
+// edge's endpoints is found invalid when applied (not when decoded); it is
+// answered invalid and dead-lettered like any invalid request.
+func TestE2EInvalidAtApplyTimeIsDeadLettered(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	a, c, d := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	for _, n := range []string{a, c, d} {
+		mustOK(t, b.wait(b.send("ai", node(n))))
+	}
+	e := uuid.NewString()
+	mustOK(t, b.wait(b.send("ai", edge(e, a, c))))
+	r := b.wait(b.send("ai", map[string]any{"request_id": "move-1", "op": "put_edge", "id": e, "src": a, "dst": d, "label": "rel"}))
+	if r.Status != queue.StatusInvalid || !strings.Contains(r.Error, "immutable") {
+		t.Fatalf("put_edge changing endpoints: %+v", r)
+	}
+	found := false
+	for _, m := range b.deadLetters() {
+		if m.Header.Get("Telha-Reason") == queue.ReasonInvalid && strings.Contains(string(m.Data), "move-1") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("the invalid request is not in TELHA_DLQ")
+	}
+}
