@@ -621,4 +621,3 @@ func fitDeadLetter(m *nats.Msg, maxPayload int) {
 	m.Header.Set("Telha-Original-Sha256", hex.EncodeToString(sum[:]))
 	m.Data = m.Data[:keep]
 }
-
