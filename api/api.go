@@ -1,11 +1,15 @@
 package api
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,12 +66,62 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/edges", s.nodeEdges)
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/history", s.history(storage.KindNode))
 		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", s.history(storage.KindEdge))
+		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", s.request)
 		mux.HandleFunc("GET /v1/journals", s.journals)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+		if routeMatches(r.URL.Path, opts) {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s is not allowed on %s (allowed: GET, HEAD)", r.Method, r.URL.Path))
+			return
+		}
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, storage.QuoteShort(r.URL.Path)))
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// An empty path segment (/v1/tenants//nodes/...) is a bad request,
+		// not a redirect to a cleaned path.
+		if strings.Contains(r.URL.Path, "//") {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("the path %s has an empty segment", storage.QuoteShort(r.URL.Path)))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// routes are the GET routes, for telling a wrong method (405) from a wrong
+// path (404).
+var (
+	healthRoutes = []string{"/healthz", "/readyz", "/metrics"}
+	readRoutes   = []string{"/v1/tenants/*/nodes/*", "/v1/tenants/*/edges/*", "/v1/tenants/*/nodes/*/edges",
+		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/journals"}
+)
+
+func routeMatches(path string, opts Options) bool {
+	var routes []string
+	if opts.Health {
+		routes = append(routes, healthRoutes...)
+	}
+	if opts.ReadAPI {
+		routes = append(routes, readRoutes...)
+	}
+	segs := strings.Split(strings.Trim(path, "/"), "/")
+	for _, r := range routes {
+		rs := strings.Split(strings.Trim(r, "/"), "/")
+		if len(rs) != len(segs) {
+			continue
+		}
+		ok := true
+		for i := range rs {
+			if rs[i] != "*" && rs[i] != segs[i] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
@@ -90,9 +144,10 @@ func bad(format string, args ...any) error { return badRequest{fmt.Sprintf(forma
 
 // params are the parsed path and query parameters common to every read.
 type params struct {
-	scope storage.Scope
-	id    uuid.UUID
-	v, t  storage.Ts
+	scope                storage.Scope
+	id                   uuid.UUID
+	v, t                 storage.Ts
+	explicitV, explicitT bool
 }
 
 // Params parses {t}, {id}, valid and tx. Both default to the store's now:
@@ -102,15 +157,15 @@ func (s *Server) params(r *http.Request) (params, error) {
 	var p params
 	sc, err := storage.NewScope(r.PathValue("t"))
 	if err != nil {
-		return p, bad("tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$", r.PathValue("t"))
+		return p, bad("tenant %s must match ^[a-z0-9][a-z0-9_-]{0,62}$", storage.QuoteShort(r.PathValue("t")))
 	}
 	p.scope = sc
 	if raw := r.PathValue("id"); raw != "" {
 		if len(raw) != 36 {
-			return p, bad("id %q is not a UUID", raw)
+			return p, bad("id %s is not a UUID (8-4-4-4-12 hex digits)", storage.QuoteShort(raw))
 		}
 		if p.id, err = uuid.Parse(raw); err != nil {
-			return p, bad("id %q is not a UUID", raw)
+			return p, bad("id %s is not a UUID (8-4-4-4-12 hex digits)", storage.QuoteShort(raw))
 		}
 	}
 	// "Now" is the store's now: the later of the wall clock and the last
@@ -123,11 +178,13 @@ func (s *Server) params(r *http.Request) (params, error) {
 	for _, f := range []struct {
 		name string
 		dst  *storage.Ts
-	}{{"valid", &p.v}, {"tx", &p.t}} {
+		set  *bool
+	}{{"valid", &p.v, &p.explicitV}, {"tx", &p.t, &p.explicitT}} {
 		vals, ok := q[f.name]
 		if !ok {
 			continue
 		}
+		*f.set = true
 		if len(vals) != 1 {
 			return p, bad("%s given %d times", f.name, len(vals))
 		}
@@ -170,6 +227,94 @@ func (s *Server) entity(k storage.Kind) http.HandlerFunc {
 	}
 }
 
+// Paging of the list reads: limit (default DefaultLimit, at most
+// MaxLimit) and an opaque cursor from the previous page's "next". A cursor
+// carries the coordinate of its first page, so every page of a walk answers
+// at the same (valid, tx).
+const (
+	DefaultLimit = 1_000
+	MaxLimit     = 10_000
+)
+
+func (s *Server) limit(r *http.Request) (int, error) {
+	vals := r.URL.Query()["limit"]
+	switch len(vals) {
+	case 0:
+		return DefaultLimit, nil
+	case 1:
+	default:
+		return 0, bad("limit given %d times", len(vals))
+	}
+	n, err := strconv.Atoi(vals[0])
+	if err != nil || n < 1 || n > MaxLimit {
+		return 0, bad("limit %s must be a whole number from 1 to %d", storage.QuoteShort(vals[0]), MaxLimit)
+	}
+	return n, nil
+}
+
+// cursor is the decoded form of a "next" value.
+type cursor struct {
+	kind     byte // 'e' edges, 'h' history
+	id       uuid.UUID
+	v, t     storage.Ts
+	dir      storage.Direction
+	out      bool
+	edge     uuid.UUID
+	tx, vals storage.Ts
+}
+
+func (c *cursor) encode() string {
+	b := []byte{1, c.kind}
+	b = append(b, c.id[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.v))
+	b = binary.BigEndian.AppendUint64(b, uint64(c.t))
+	o := byte(0)
+	if c.out {
+		o = 1
+	}
+	b = append(b, byte(c.dir), o)
+	b = append(b, c.edge[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.tx))
+	b = binary.BigEndian.AppendUint64(b, uint64(c.vals))
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// readCursor decodes the cursor parameter, if any, for a walk of kind
+// over id; it must be one this API gave out for the same walk.
+func readCursor(r *http.Request, kind byte, id uuid.UUID) (*cursor, error) {
+	vals := r.URL.Query()["cursor"]
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	if len(vals) > 1 {
+		return nil, bad("cursor given %d times", len(vals))
+	}
+	b, err := base64.RawURLEncoding.DecodeString(vals[0])
+	if err != nil || len(b) != 2+16+8+8+2+16+8+8 || b[0] != 1 || b[1] != kind {
+		return nil, bad("cursor %s is not a cursor of this list (use the previous page's \"next\")", storage.QuoteShort(vals[0]))
+	}
+	c := &cursor{kind: kind}
+	copy(c.id[:], b[2:18])
+	c.v = storage.Ts(binary.BigEndian.Uint64(b[18:26]))
+	c.t = storage.Ts(binary.BigEndian.Uint64(b[26:34]))
+	c.dir, c.out = storage.Direction(b[34]), b[35] == 1
+	copy(c.edge[:], b[36:52])
+	c.tx = storage.Ts(binary.BigEndian.Uint64(b[52:60]))
+	c.vals = storage.Ts(binary.BigEndian.Uint64(b[60:68]))
+	if c.id != id {
+		return nil, bad("cursor %s belongs to another entity's list", storage.QuoteShort(vals[0]))
+	}
+	return c, nil
+}
+
+func nextJSON(c *cursor) *string {
+	if c == nil {
+		return nil
+	}
+	n := c.encode()
+	return &n
+}
+
 func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	p, err := s.params(r)
 	if err != nil {
@@ -184,20 +329,43 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	if d := r.URL.Query().Get("dir"); d != "" {
 		var ok bool
 		if dir, ok = storage.ParseDirection(d); !ok {
-			s.fail(w, bad("dir %q must be out, in or both", d))
+			s.fail(w, bad("dir %s must be out, in or both", storage.QuoteShort(d)))
 			return
 		}
 	}
-	es, err := storage.EdgesOf(s.store.Reader(), p.scope, p.id, dir, p.v, p.t)
+	limit, err := s.limit(r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	out := make([]Version, 0, len(es))
-	for i := range es {
-		out = append(out, VersionJSON(&es[i]))
+	c, err := readCursor(r, 'e', p.id)
+	if err != nil {
+		s.fail(w, err)
+		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"edges": out})
+	var after *storage.EdgeCursor
+	if c != nil {
+		if (p.explicitV && p.v != c.v) || (p.explicitT && p.t != c.t) || c.dir != dir {
+			s.fail(w, bad("the cursor belongs to a walk at another coordinate or direction"))
+			return
+		}
+		p.v, p.t = c.v, c.t
+		after = &storage.EdgeCursor{Out: c.out, ID: c.edge}
+	}
+	page, err := storage.EdgesOfPage(s.store.Reader(), p.scope, p.id, dir, p.v, p.t, after, limit, 10*limit+1000)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	out := make([]Version, 0, len(page.Edges))
+	for i := range page.Edges {
+		out = append(out, VersionJSON(&page.Edges[i]))
+	}
+	var next *cursor
+	if page.Next != nil {
+		next = &cursor{kind: 'e', id: p.id, v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"edges": out, "next": nextJSON(next), "as_of_valid": p.v, "as_of_tx": p.t})
 }
 
 func (s *Server) history(k storage.Kind) http.HandlerFunc {
@@ -207,17 +375,90 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 			s.fail(w, err)
 			return
 		}
-		vs, err := storage.History(s.store.Reader(), p.scope, k, p.id)
+		limit, err := s.limit(r)
 		if err != nil {
 			s.fail(w, err)
+			return
+		}
+		c, err := readCursor(r, 'h', p.id)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		var after *[2]storage.Ts
+		if c != nil {
+			after = &[2]storage.Ts{c.tx, c.vals}
+		}
+		vs, nx, err := storage.HistoryPage(s.store.Reader(), p.scope, k, p.id, after, limit)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		if c == nil && len(vs) == 0 {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s has no version", k, p.id))
 			return
 		}
 		out := make([]Version, 0, len(vs))
 		for i := range vs {
 			out = append(out, VersionJSON(&vs[i]))
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"versions": out})
+		var next *cursor
+		if nx != nil {
+			next = &cursor{kind: 'h', id: p.id, tx: nx[0], vals: nx[1]}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"versions": out, "next": nextJSON(next)})
 	}
+}
+
+// Request is the answer of /v1/tenants/{t}/requests/{request_id}: the
+// stored receipt of a request (state answered), or, while its journaled
+// cascade runs, that journal (state in_flight). Receipts are kept for
+// ever; the results stream keeps results for --results-max-age.
+type Request struct {
+	RequestID       string   `json:"request_id"`
+	Tenant          string   `json:"tenant"`
+	State           string   `json:"state"` // answered or in_flight
+	Op              string   `json:"op"`
+	ID              string   `json:"id"`
+	Status          string   `json:"status,omitempty"`
+	TxTime          *string  `json:"tx_time"`
+	EdgesTombstoned uint64   `json:"edges_tombstoned"`
+	Journaled       bool     `json:"journaled"`
+	Journal         *Journal `json:"journal,omitempty"`
+}
+
+func (s *Server) request(w http.ResponseWriter, r *http.Request) {
+	sc, err := storage.NewScope(r.PathValue("t"))
+	if err != nil {
+		s.fail(w, bad("tenant %s must match ^[a-z0-9][a-z0-9_-]{0,62}$", storage.QuoteShort(r.PathValue("t"))))
+		return
+	}
+	rid := r.PathValue("request_id")
+	rc, ok, err := storage.GetReceipt(s.store.Reader(), sc, rid)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if ok {
+		out := Request{RequestID: rid, Tenant: sc.Tenant(), State: "answered", Op: rc.Op.String(), ID: rc.ID.String(),
+			Status: rc.Status.String(), EdgesTombstoned: rc.EdgesTombstoned, Journaled: rc.Journaled}
+		if rc.Status == storage.StatusOK {
+			tx := rc.Tx.Time().Format(storage.TimeLayout)
+			out.TxTime = &tx
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	if s.opts.Journals != nil {
+		for _, j := range s.opts.Journals() {
+			if j.Tenant == sc.Tenant() && j.RequestID == rid && j.RequestID != "" {
+				writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: storage.OpTombstoneNode.String(),
+					ID: j.NodeID, Journaled: true, Journal: &j})
+				return
+			}
+		}
+	}
+	writeError(w, http.StatusNotFound, fmt.Sprintf("no request %s in tenant %s (never seen, or invalid: invalid requests store nothing)", storage.QuoteShort(rid), sc.Tenant()))
 }
 
 // Journal is one entry of /v1/journals. The journals' owner (package

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -100,7 +101,7 @@ func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject)
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&w); err != nil {
-		return cascade.Request{}, rej(ReasonDecode, "request is not a JSON object of the expected shape: %v", err)
+		return cascade.Request{}, rej(ReasonDecode, "%s", jsonProblem(err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return cascade.Request{}, rej(ReasonDecode, "request has data after its JSON object")
@@ -119,6 +120,32 @@ func DecodeRequest(data []byte, subjectTenant string) (cascade.Request, *Reject)
 		}
 	}
 	return req, r
+}
+
+// jsonProblem says what is wrong with a request body in a reader's words
+// (a field and the form it wants), not encoding/json's (Go types).
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		want := "a string"
+		switch te.Type.Kind() {
+		case reflect.Struct, reflect.Pointer, reflect.Map:
+			want = "an object"
+		}
+		return fmt.Sprintf("field %q must be %s, not a JSON %s", te.Field, want, te.Value)
+	case errors.As(err, &te):
+		return fmt.Sprintf("the request must be a JSON object, not a JSON %s", te.Value)
+	case errors.As(err, &se):
+		return fmt.Sprintf("the request is not valid JSON (at byte %d)", se.Offset)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "the request is empty or cut short"
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return "unknown field " + f + " (see CONTRACT §5 for the request's fields)"
+	}
+	return "the request is not a JSON object of the request's shape"
 }
 
 var (

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -171,42 +172,7 @@ func ScanAdjLatest(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(
 // ascending (tx, valid) order.
 func scanAdjGroups(r pebble.Reader, sc Scope, out bool, node uuid.UUID, fn func(uuid.UUID, []AdjRow) error) error {
 	p := AdjPrefix(sc, out, node)
-	var (
-		cur   uuid.UUID
-		rows  []AdjRow
-		idOff = len(p)
-	)
-	flush := func() error {
-		if len(rows) == 0 {
-			return nil
-		}
-		err := fn(cur, rows)
-		rows = rows[:0]
-		return err
-	}
-	err := scan(r, p, PrefixEnd(p), func(key, val []byte) error {
-		if len(key) != idOff+32 {
-			return fmt.Errorf("%w: adjacency key %x has bad length", ErrDecode, key)
-		}
-		var id uuid.UUID
-		copy(id[:], key[idOff:idOff+16])
-		if id != cur || len(rows) == 0 {
-			if err := flush(); err != nil {
-				return err
-			}
-			cur = id
-		}
-		row, err := DecodeAdj(val)
-		if err != nil {
-			return fmt.Errorf("key %x: %w", key, err)
-		}
-		rows = append(rows, row)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return flush()
+	return scanAdjGroupsFrom(r, p, p, fn)
 }
 
 // EdgesOf returns the edges that read live at (v, t) through node's
@@ -371,4 +337,152 @@ func EqualContents(a, b pebble.Reader, skip func(k []byte) bool) (string, error)
 		}
 	}
 	return "", nil
+}
+
+// EdgesPage is one page of EdgesOf: the edges live at (v, t) through
+// node's adjacency rows in dir, in (direction, edge id) order, out rows
+// first, at most limit of them, reading at most scanLimit edges' rows (so a
+// page over a node whose edges are mostly dead still answers quickly, with
+// fewer than limit edges). A self-loop is reported once (from the out rows
+// when dir has them). After is the cursor of the previous page (nil: the
+// first); Next is the cursor of the following page, nil at the end.
+type EdgesPage struct {
+	Edges []Version
+	Next  *EdgeCursor
+}
+
+// EdgeCursor is where a page of a node's edges stopped: after edge ID in
+// the out (Out) or in rows.
+type EdgeCursor struct {
+	Out bool
+	ID  uuid.UUID
+}
+
+// EdgesOfPage reads one page of a node's edges (see EdgesPage).
+func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts, after *EdgeCursor, limit, scanLimit int) (EdgesPage, error) {
+	var page EdgesPage
+	scanned := 0
+	for _, out := range []bool{true, false} {
+		if (out && dir&DirOut == 0) || (!out && dir&DirIn == 0) {
+			continue
+		}
+		if after != nil && out && !after.Out {
+			continue // the cursor is in the in rows already
+		}
+		p := AdjPrefix(sc, out, node)
+		lo := p
+		if after != nil && after.Out == out {
+			lo = PrefixEnd(append(append([]byte(nil), p...), after.ID[:]...))
+		}
+		var last uuid.UUID
+		stop := errors.New("page full")
+		err := scanAdjGroupsFrom(r, p, lo, func(id uuid.UUID, rows []AdjRow) error {
+			if len(page.Edges) == limit || scanned == scanLimit {
+				page.Next = &EdgeCursor{Out: out, ID: last}
+				return stop
+			}
+			scanned++
+			last = id
+			if !out && dir&DirOut != 0 && rows[0].Other == node {
+				return nil // a self-loop, reported from the out rows
+			}
+			w := winner{v: v, t: t}
+			for _, c := range rows {
+				w.offer(c.Valid, c.Tx, c.Tombstone)
+			}
+			if !w.live() {
+				return nil
+			}
+			val, ok, err := getValue(r, EdgeKey(sc, id, w.tx, w.valid.Start))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: adjacency row of edge %s at tx %s has no edge version", ErrDecode, id, w.tx)
+			}
+			ver, err := DecodeVersion(val)
+			if err != nil {
+				return err
+			}
+			page.Edges = append(page.Edges, ver)
+			return nil
+		})
+		if errors.Is(err, stop) {
+			return page, nil
+		}
+		if err != nil {
+			return page, err
+		}
+	}
+	return page, nil
+}
+
+// scanAdjGroupsFrom is scanAdjGroups over the rows under prefix p from key
+// lo on.
+func scanAdjGroupsFrom(r pebble.Reader, p, lo []byte, fn func(uuid.UUID, []AdjRow) error) error {
+	var (
+		cur   uuid.UUID
+		rows  []AdjRow
+		idOff = len(p)
+	)
+	flush := func() error {
+		if len(rows) == 0 {
+			return nil
+		}
+		err := fn(cur, rows)
+		rows = rows[:0]
+		return err
+	}
+	err := scan(r, lo, PrefixEnd(p), func(key, val []byte) error {
+		if len(key) != idOff+32 {
+			return fmt.Errorf("%w: adjacency key %x has bad length", ErrDecode, key)
+		}
+		var id uuid.UUID
+		copy(id[:], key[idOff:idOff+16])
+		if id != cur || len(rows) == 0 {
+			if err := flush(); err != nil {
+				return err
+			}
+			cur = id
+		}
+		row, err := DecodeAdj(val)
+		if err != nil {
+			return fmt.Errorf("key %x: %w", key, err)
+		}
+		rows = append(rows, row)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// HistoryPage reads up to limit versions of an entity in ascending tx
+// order, after the version at (afterTx, afterValid) when after is set;
+// next is set when more follow.
+func HistoryPage(r pebble.Reader, sc Scope, k Kind, id uuid.UUID, after *[2]Ts, limit int) (vs []Version, next *[2]Ts, err error) {
+	p := VersionPrefix(sc, k, id)
+	lo := p
+	if after != nil {
+		lo = PrefixEnd(VersionKey(sc, k, id, after[0], after[1]))
+	}
+	stop := errors.New("page full")
+	err = scan(r, lo, PrefixEnd(p), func(key, val []byte) error {
+		if len(vs) == limit {
+			last := vs[len(vs)-1]
+			next = &[2]Ts{last.Tx.Start, last.Valid.Start}
+			return stop
+		}
+		v, err := DecodeVersion(val)
+		if err != nil {
+			return fmt.Errorf("key %x: %w", key, err)
+		}
+		vs = append(vs, v)
+		return nil
+	})
+	if errors.Is(err, stop) {
+		err = nil
+	}
+	return vs, next, err
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Ts is a point in time: microseconds since the Unix epoch, UTC. Negative
@@ -48,16 +49,30 @@ func (ts Ts) String() string {
 // RFC 3339).
 func ParseTs(s string) (Ts, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return 0, fmt.Errorf("time %q is not RFC 3339: %w", s, err)
-	}
-	if strings.Contains(s, ",") {
-		return 0, fmt.Errorf("time %q is not RFC 3339: fractional seconds follow a '.'", s)
+	if err != nil || strings.Contains(s, ",") {
+		hint := ""
+		if strings.Contains(s, " ") {
+			hint = " (a '+' in a URL query must be written %2B)"
+		}
+		return 0, fmt.Errorf("%s is not an RFC 3339 time such as 2026-01-02T15:04:05Z or 2026-01-02T15:04:05.123456+02:00%s", QuoteShort(s), hint)
 	}
 	if y := t.UTC().Year(); y < 0 || y > 9999 {
-		return 0, fmt.Errorf("time %q is outside years 0000-9999 in UTC", s)
+		return 0, fmt.Errorf("time %s is outside years 0000-9999 in UTC", QuoteShort(s))
 	}
 	return TsFromTime(t), nil
+}
+
+// QuoteShort quotes s for an error message, cut to its first 64 bytes
+// (an 8 KB parameter must not make a 24 KB answer).
+func QuoteShort(s string) string {
+	if len(s) <= 64 {
+		return fmt.Sprintf("%q", s)
+	}
+	cut := 64
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
 }
 
 // MarshalJSON writes ts in TimeLayout, or null for OpenEnd and NoTs.
