@@ -32,7 +32,9 @@ type Options struct {
 	// Journals lists the journals for /v1/journals, oldest first (nil: an
 	// empty list).
 	Journals func() []Journal
-	Logger   *slog.Logger
+	// Partitions describes what this replica owns, for /v1/partitions.
+	Partitions func() Partitions
+	Logger     *slog.Logger
 }
 
 // Server holds what the handlers need.
@@ -68,6 +70,7 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", s.history(storage.KindEdge))
 		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", s.request)
 		mux.HandleFunc("GET /v1/journals", s.journals)
+		mux.HandleFunc("GET /v1/partitions", s.partitions)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if routeMatches(r.URL.Path, opts) {
@@ -78,14 +81,34 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, storage.QuoteShort(r.URL.Path)))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		began := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		defer func() {
+			opts.Logger.Debug("http", "method", r.Method, "path", r.URL.Path, "query", storage.QuoteShort(r.URL.RawQuery), "status", sw.code,
+				"bytes", sw.n, "took", time.Since(began), "remote", r.RemoteAddr)
+		}()
 		// An empty path segment (/v1/tenants//nodes/...) is a bad request,
 		// not a redirect to a cleaned path.
 		if strings.Contains(r.URL.Path, "//") {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("the path %s has an empty segment", storage.QuoteShort(r.URL.Path)))
+			writeError(sw, http.StatusBadRequest, fmt.Sprintf("the path %s has an empty segment", storage.QuoteShort(r.URL.Path)))
 			return
 		}
-		mux.ServeHTTP(w, r)
+		mux.ServeHTTP(sw, r)
 	})
+}
+
+// statusWriter remembers the status and size of a response (access log).
+type statusWriter struct {
+	http.ResponseWriter
+	code, n int
+}
+
+func (s *statusWriter) WriteHeader(code int) { s.code = code; s.ResponseWriter.WriteHeader(code) }
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	n, err := s.ResponseWriter.Write(b)
+	s.n += n
+	return n, err
 }
 
 // routes are the GET routes, for telling a wrong method (405) from a wrong
@@ -93,7 +116,7 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 var (
 	healthRoutes = []string{"/healthz", "/readyz", "/metrics"}
 	readRoutes   = []string{"/v1/tenants/*/nodes/*", "/v1/tenants/*/edges/*", "/v1/tenants/*/nodes/*/edges",
-		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/journals"}
+		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/journals", "/v1/partitions"}
 )
 
 func routeMatches(path string, opts Options) bool {
@@ -485,6 +508,24 @@ func (s *Server) journals(w http.ResponseWriter, r *http.Request) {
 		out = append(out, s.opts.Journals()...)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"journals": out})
+}
+
+// Partitions is /v1/partitions: the partitioning of the request stream
+// and this replica's share of it.
+type Partitions struct {
+	Partitions int    `json:"partitions"` // P
+	Replica    int    `json:"replica"`    // i
+	Replicas   int    `json:"replicas"`   // N
+	Owned      []int  `json:"owned"`
+	Rule       string `json:"rule"`
+}
+
+func (s *Server) partitions(w http.ResponseWriter, _ *http.Request) {
+	if s.opts.Partitions == nil {
+		writeError(w, http.StatusNotFound, "partitions are not known here")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.opts.Partitions())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

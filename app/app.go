@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	qcfg := queue.Config{
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
-		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, StreamReplicas: cfg.StreamReplicas,
+		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, DLQMaxAge: cfg.DLQMaxAge, StreamReplicas: cfg.StreamReplicas,
 	}
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {
@@ -240,17 +240,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
+	var grace <-chan time.Time
+	stopping := ctx.Done()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+			log.Info("stopped consuming; shutting down")
+			return nil
+		case <-st.Fatal():
+			// The worker may be parked on the writer for good: do not wait.
+			return st.FatalErr()
+		case <-stopping:
+			log.Info("draining: finishing the requests held, then stopping", "grace", cfg.ShutdownGrace)
+			grace = time.After(cfg.ShutdownGrace)
+			stopping = nil // from now on: done, grace or fatal
+		case <-grace:
+			// Whatever is still held is unacked and comes back to the next
+			// worker; journals stay durable.
+			log.Error("drain outlasted --shutdown-grace; exiting with work in flight (it will be redelivered)", "grace", cfg.ShutdownGrace)
+			return nil
 		}
-	case <-st.Fatal():
-		// The worker may be parked on the writer for good: do not wait.
-		return st.FatalErr()
 	}
-	log.Info("stopped consuming; shutting down")
-	return nil
 }
 
 // fatalOrNil returns the fatal storage error that ended ctx, if that is
@@ -401,7 +414,12 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 	early := api.Handler(nil, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health})
 	var full atomic.Pointer[http.Handler]
 	a.onStoreOpen = append(a.onStoreOpen, func() {
-		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log, Journals: a.journals})
+		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log, Journals: a.journals,
+			Partitions: func() api.Partitions {
+				return api.Partitions{Partitions: a.cfg.Partitions, Replica: a.cfg.Owner.Index, Replicas: a.cfg.Owner.Count,
+					Owned: a.cfg.Owner.Partitions(a.cfg.Partitions),
+					Rule:  "a tenant's partition is fnv1a32(tenant) % partitions; replica i of N owns the partitions p with p % N == i"}
+			}})
 		full.Store(&h)
 	})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -41,6 +41,7 @@ type Config struct {
 	MaxDeaths      int
 	AckWait        time.Duration
 	ResultsMaxAge  time.Duration
+	DLQMaxAge      time.Duration
 	StreamReplicas int
 	LeaseTTL       time.Duration
 	ShutdownGrace  time.Duration
@@ -60,6 +61,53 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	var c Config
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(usageOut)
+	fs.Usage = func() {
+		fmt.Fprint(usageOut, "usage: worker [flags]\n\nEvery flag also reads the environment variable TELHA_ + its name in upper case,\n"+
+			"with - as _ (--max-batch-ops: TELHA_MAX_BATCH_OPS); a flag on the command line wins.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	registerNames(fs, &c)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return c, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		env := EnvName(f.Name)
+		if v := getenv(env); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q does not parse as --%s (%s)", env, v, f.Name, f.Usage))
+			}
+		}
+	})
+	if c.Hostname == "" {
+		c.Hostname, _ = os.Hostname()
+	}
+	if len(errs) == 0 {
+		// A variable that does not parse leaves its flag's default, which
+		// validate would then misreport: stop at the variable.
+		errs = append(errs, c.validate()...)
+	}
+	if len(errs) > 0 {
+		fs.Usage()
+		return c, fmt.Errorf("%w: %w", ErrUsage, errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// registerNames defines every flag of the worker on fs, bound to c.
+func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.DataDir, "data-dir", "./data", "directory of the Pebble store (pebble/) and the embedded NATS store (nats/)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "address of /metrics, /healthz, /readyz and the read API")
 	fs.StringVar(&c.APIAddr, "api-addr", "", `separate address for the read API /v1/... ("" = on --http-addr, "off" = disabled)`)
@@ -84,45 +132,38 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	fs.IntVar(&c.MaxDeaths, "max-deaths", 3, "a request the worker died handling this many times (from its second delivery on) is dead-lettered as crash_loop")
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "consumer AckWait")
 	fs.DurationVar(&c.ResultsMaxAge, "results-max-age", 24*time.Hour, "how long TELHA_RES keeps results")
+	fs.DurationVar(&c.DLQMaxAge, "dlq-max-age", 14*24*time.Hour, "how long TELHA_DLQ keeps dead letters")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "a journal applier that makes no progress this long is abandoned and retried")
-	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for in-flight work")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for the drain (requests held, journal appliers) before the worker exits anyway")
 	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 128, "Pebble block cache")
 	fs.IntVar(&c.MemTableMB, "pebble-memtable-mb", 32, "Pebble memtable size (two may be in memory at once)")
 	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, err
+}
+
+// EnvName is the environment variable of a flag: TELHA_ + its name in
+// upper case, "-" as "_".
+func EnvName(flagName string) string {
+	return "TELHA_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// UnknownEnv lists the TELHA_* variables of environ that name no flag (a
+// typo would otherwise be silently ignored). TELHA_TEST_* and the client's
+// TELHA_NATS_* ones are known.
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	var c Config
+	registerNames(fs, &c)
+	fs.VisitAll(func(f *flag.Flag) { known[EnvName(f.Name)] = true })
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "TELHA_") && !known[k] && !strings.HasPrefix(k, "TELHA_TEST_") {
+			out = append(out, k)
 		}
-		return c, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return c, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] {
-			return
-		}
-		env := "TELHA_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(env); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %v", env, v, err))
-			}
-		}
-	})
-	if c.Hostname == "" {
-		c.Hostname, _ = os.Hostname()
-	}
-	errs = append(errs, c.validate()...)
-	if len(errs) > 0 {
-		fs.Usage()
-		return c, fmt.Errorf("%w: %w", ErrUsage, errors.Join(errs...))
-	}
-	return c, nil
+	return out
 }
 
 func (c *Config) validate() []error {
@@ -146,6 +187,12 @@ func (c *Config) validate() []error {
 	}
 	if c.ChunkOps < 0 {
 		bad("--journal-chunk-ops must not be negative, got %d", c.ChunkOps)
+	}
+	if c.ShutdownGrace <= 0 {
+		bad("--shutdown-grace must be positive, got %s", c.ShutdownGrace)
+	}
+	if c.ResultsMaxAge < time.Minute || c.DLQMaxAge < time.Minute {
+		bad("--results-max-age and --dlq-max-age must be at least 1m")
 	}
 	if c.LeaseTTL <= 0 {
 		bad("--lease-ttl must be positive, got %s", c.LeaseTTL)

@@ -3,6 +3,7 @@ package app
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,5 +111,34 @@ func TestE2EInvalidAtApplyTimeIsDeadLettered(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("the invalid request is not in TELHA_DLQ")
+	}
+}
+
+// TestE2EPartitionsAndConfigAnswers: /v1/partitions says what this replica
+// owns and the rule; a TELHA_* variable that does not parse names itself
+// and stops there; unknown TELHA_* variables are reported.
+func TestE2EPartitionsAndConfigAnswers(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{}, "--partitions", "4", "--partition-owner", "1/2")
+	var p struct {
+		Partitions, Replica, Replicas int
+		Owned                         []int
+		Rule                          string
+	}
+	if code := w.get("/v1/partitions", &p); code != 200 || p.Partitions != 4 || p.Replica != 1 || p.Replicas != 2 ||
+		len(p.Owned) != 2 || p.Owned[0] != 1 || p.Owned[1] != 3 || !strings.Contains(p.Rule, "fnv1a32") {
+		t.Fatalf("/v1/partitions: %d %+v", code, p)
+	}
+	_, err := ParseFlags(nil, func(k string) string {
+		if k == "TELHA_PARTITIONS" {
+			return "abc"
+		}
+		return ""
+	}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `TELHA_PARTITIONS="abc" does not parse as --partitions`) || strings.Count(err.Error(), "\n") > 0 {
+		t.Fatalf("a TELHA_ variable that does not parse: %v", err)
+	}
+	if got := UnknownEnv([]string{"TELHA_MAX_BATCH_OPS=5", "TELHA_MAX_BATCH_OP=5", "PATH=/bin", "TELHA_TEST_LOG=1"}); len(got) != 1 || got[0] != "TELHA_MAX_BATCH_OP" {
+		t.Fatalf("unknown TELHA_ variables: %v", got)
 	}
 }

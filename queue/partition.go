@@ -2,22 +2,16 @@ package queue
 
 import (
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
+
+	"github.com/telha/telha-cascade/queue/client"
 )
 
 // Partition returns the partition of a tenant among p partitions: FNV-1a
 // (32 bit) of the tenant token, mod p. This is exactly what the server's
 // {{partition(P,1)}} subject transform computes for telha.req.<tenant>.
-func Partition(tenant string, p int) int {
-	if p <= 0 {
-		return 0
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(tenant))
-	return int(h.Sum32() % uint32(p))
-}
+func Partition(tenant string, p int) int { return client.Partition(tenant, p) }
 
 // Owner is the partition ownership of one replica: replica Index of Count
 // owns the partitions p with p % Count == Index.

@@ -13,15 +13,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/queue/client"
 	"github.com/telha/telha-cascade/storage"
 )
 
 // Limits on request messages. Anything over them is dead-lettered as
 // invalid (too_large for the whole message) and never applied.
 const (
-	MaxMessageBytes   = 256 << 10 // whole request body
-	MaxPropsBytes     = 64 << 10  // the props object, as sent
-	MaxPropsDepth     = 32        // nesting depth inside props
+	MaxMessageBytes   = client.MaxMessageBytes // whole request body
+	MaxPropsBytes     = 64 << 10               // the props object, as sent
+	MaxPropsDepth     = 32                     // nesting depth inside props
 	MaxRequestIDRunes = 128
 	MaxLabelBytes     = 256
 	MaxProvFieldBytes = 1024 // actor, reason, source

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/queue/client"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -35,21 +36,8 @@ func Statuses() []string {
 }
 
 // Result is the result body published on telha.res.<tenant>, one per
-// request, with Nats-Msg-Id res.<tenant>.<request_id> (ResultMsgID).
-type Result struct {
-	RequestID       string `json:"request_id"`
-	Op              string `json:"op"`
-	Tenant          string `json:"tenant"`
-	ID              string `json:"id"`
-	Status          string `json:"status"`
-	Error           string `json:"error"`
-	TxTime          string `json:"tx_time"`
-	EdgesTombstoned uint64 `json:"edges_tombstoned"`
-	Journaled       bool   `json:"journaled"`
-	// RequestIDFrom is "nats_msg_id" when the body had no readable
-	// request_id and RequestID is the message's Nats-Msg-Id instead.
-	RequestIDFrom string `json:"request_id_from,omitempty"`
-}
+// request, with Nats-Msg-Id res.<tenant>.<request_id> (client.ResultMsgID).
+type Result = client.Result
 
 // ResultOfReceipt builds the result of a request from its receipt (fresh or
 // stored: a duplicate gets the same tx_time). err, when set, is the
@@ -94,15 +82,11 @@ func resultMsg(cfg Config, res Result) *nats.Msg {
 	return m
 }
 
-// ResultMsgID is the Nats-Msg-Id of a request's result:
-// res.<tenant>.<request_id>, so a request id used in two tenants gives two
-// results, not one dropped as the other's duplicate.
-func ResultMsgID(tenant, requestID string) string { return "res." + tenant + "." + requestID }
+// ResultMsgID is the Nats-Msg-Id of a request's result (client.ResultMsgID).
+func ResultMsgID(tenant, requestID string) string { return client.ResultMsgID(tenant, requestID) }
 
-// RequestMsgID is the Nats-Msg-Id the project's clients publish a request
-// with: <tenant>.<request_id> (the request stream's duplicate window spans
-// tenants). Other publishers should do the same (CONTRACT §5).
-func RequestMsgID(tenant, requestID string) string { return tenant + "." + requestID }
+// RequestMsgID is the Nats-Msg-Id of a request (client.RequestMsgID).
+func RequestMsgID(tenant, requestID string) string { return client.RequestMsgID(tenant, requestID) }
 
 // Publisher publishes results on the results stream, waiting for the
 // stream's ack. A result published twice within the stream's duplicate

@@ -500,6 +500,8 @@ func (w *Worker) finish(items []*item) {
 	for _, p := range pubs {
 		select {
 		case <-p.fut.Ok():
+			w.log.Debug("request answered", "tenant", p.res.Tenant, "request_id", p.res.RequestID, "op", p.res.Op, "id", p.res.ID,
+				"status", p.res.Status, "tx_time", p.res.TxTime, "took", time.Since(p.it.received))
 			if w.hooks.Result != nil {
 				w.hooks.Result(p.res.Op, p.res.Status)
 			}

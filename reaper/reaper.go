@@ -370,6 +370,8 @@ func (s *Service) attempt(j *journal) {
 		err = fmt.Errorf("waiting for an applier: %w", err)
 		return
 	}
+	began := time.Now()
+	s.cfg.Logger.Info("cascade journal applying", "tenant", e.Scope.Tenant(), "request_id", e.J.Prov.RequestID, "node", e.J.NodeID, "tx", e.J.Tx.String())
 	err = func() (err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -381,6 +383,10 @@ func (s *Service) attempt(j *journal) {
 	}()
 	switch {
 	case err == nil || errors.Is(err, storage.ErrJournalGone):
+		if err == nil {
+			s.cfg.Logger.Info("cascade journal finished", "tenant", e.Scope.Tenant(), "request_id", e.J.Prov.RequestID, "node", e.J.NodeID,
+				"tx", e.J.Tx.String(), "edges", rc.EdgesTombstoned, "seconds", time.Since(began).Seconds())
+		}
 		err = nil
 		s.forget(j)
 		s.kickPublish()

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/queue/client"
 )
 
 // runDemo builds a small social graph with one super-node (a hub with
@@ -23,8 +23,8 @@ func runDemo(ctx context.Context, g *globals, args []string, stdout, stderr io.W
 	people := fs.Int("people", 200, "person nodes")
 	hubEdges := fs.Int("hub-edges", 20_001, "edges of the hub (20001*5+3 puts > 100000: journaled)")
 	httpAddr := fs.String("http", "http://localhost:8080", "the worker's HTTP address, for the hints printed at the end")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	if _, err := parseSub(fs, g, args); err != nil {
+		return err
 	}
 	if *people < 2 || *hubEdges < 1 {
 		return usageError{"demo needs --people >= 2 and --hub-edges >= 1"}
@@ -42,7 +42,7 @@ func runDemo(ctx context.Context, g *globals, args []string, stdout, stderr io.W
 		b, _ := json.Marshal(body)
 		return request{tenant: *tenant, id: id, body: b}
 	}
-	phase := func(name string, reqs []request) (map[string]queue.Result, error) {
+	phase := func(name string, reqs []request) (map[string]client.Result, error) {
 		start := time.Now()
 		fmt.Fprintf(stderr, "%-34s %6d requests ... ", name, len(reqs))
 		got, err := publishAll(ctx, g, c, reqs, true, nil, stderr, nil)
@@ -108,7 +108,7 @@ Now it reads absent, and as of before the delete it is still there:
   curl -s %s/metrics | grep ^telha_cascade
 `, hub, res.EdgesTombstoned, res.Journaled, res.TxTime,
 		*httpAddr, *tenant, hub, *httpAddr, *tenant, hub, asOf, *httpAddr, *tenant, hub, asOf, *httpAddr, *tenant, hub, *httpAddr)
-	if res.Status != queue.StatusOK {
+	if res.Status != client.StatusOK {
 		return fmt.Errorf("hub delete: %s %s", res.Status, res.Error)
 	}
 	return nil

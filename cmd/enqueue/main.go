@@ -29,6 +29,14 @@ commands:
   tombstone-edge  publish one tombstone_edge
   file [PATH|-]   publish the JSON-lines requests of PATH (default stdin)
   demo            build a demo graph with a super-node, then delete a few things
+  dlq list|show|retry|discard
+                  the dead letters: list them, show one, republish one to
+                  its original subject, or remove one
+  owner --tenant T
+                  the partition of a tenant and the replica that owns it
+
+Global flags may also follow the command (enqueue put-node --wait ...).
+Every NATS flag also reads TELHA_<FLAG> (TELHA_NATS_URL, ...).
 
 global flags:
 `
@@ -38,21 +46,14 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	var g globals
+	g := globals{natsURL: envOr("TELHA_NATS_URL", "nats://127.0.0.1:4222"), creds: os.Getenv("TELHA_NATS_CREDS"),
+		user: os.Getenv("TELHA_NATS_USER"), password: os.Getenv("TELHA_NATS_PASSWORD"), tlsCA: os.Getenv("TELHA_NATS_TLS_CA"),
+		tlsCert: os.Getenv("TELHA_NATS_TLS_CERT"), tlsKey: os.Getenv("TELHA_NATS_TLS_KEY"), prefix: "telha",
+		timeout: 2 * time.Minute, maxInflight: 256}
 	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	fs.StringVar(&g.natsURL, "nats-url", envOr("TELHA_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (env TELHA_NATS_URL)")
-	fs.StringVar(&g.creds, "nats-creds", os.Getenv("TELHA_NATS_CREDS"), "NATS credentials file")
-	fs.StringVar(&g.user, "nats-user", os.Getenv("TELHA_NATS_USER"), "NATS user")
-	fs.StringVar(&g.password, "nats-password", os.Getenv("TELHA_NATS_PASSWORD"), "NATS password")
-	fs.StringVar(&g.tlsCA, "nats-tls-ca", os.Getenv("TELHA_NATS_TLS_CA"), "CA file for NATS TLS")
-	fs.StringVar(&g.tlsCert, "nats-tls-cert", os.Getenv("TELHA_NATS_TLS_CERT"), "client certificate for NATS TLS")
-	fs.StringVar(&g.tlsKey, "nats-tls-key", os.Getenv("TELHA_NATS_TLS_KEY"), "client key for NATS TLS")
-	fs.StringVar(&g.prefix, "prefix", "telha", "subject prefix")
-	fs.BoolVar(&g.wait, "wait", false, "wait for each request's result, print it, exit 1 unless all are ok")
-	fs.DurationVar(&g.timeout, "timeout", 2*time.Minute, "how long --wait waits for results")
-	fs.IntVar(&g.maxInflight, "max-inflight", 256, "most publishes awaiting the stream's ack")
+	g.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -74,6 +75,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runFile(ctx, &g, rest, stdout, stderr)
 	case "demo":
 		err = runDemo(ctx, &g, rest, stdout, stderr)
+	case "dlq":
+		err = runDLQ(ctx, &g, rest, stdout, stderr)
+	case "owner":
+		err = runOwner(ctx, &g, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n", cmd)
 		fs.Usage()
@@ -81,7 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var ue usageError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "enqueue:", err)
@@ -89,6 +94,44 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintln(stderr, "enqueue:", err)
 		return 1
+	}
+}
+
+// register adds the global flags to fs with their current values as
+// defaults, so that they may be given before or after the command.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.natsURL, "nats-url", g.natsURL, "NATS URL (env TELHA_NATS_URL)")
+	fs.StringVar(&g.creds, "nats-creds", g.creds, "NATS credentials file (env TELHA_NATS_CREDS)")
+	fs.StringVar(&g.user, "nats-user", g.user, "NATS user (env TELHA_NATS_USER)")
+	fs.StringVar(&g.password, "nats-password", g.password, "NATS password (env TELHA_NATS_PASSWORD)")
+	fs.StringVar(&g.tlsCA, "nats-tls-ca", g.tlsCA, "CA file for NATS TLS (env TELHA_NATS_TLS_CA)")
+	fs.StringVar(&g.tlsCert, "nats-tls-cert", g.tlsCert, "client certificate for NATS TLS (env TELHA_NATS_TLS_CERT)")
+	fs.StringVar(&g.tlsKey, "nats-tls-key", g.tlsKey, "client key for NATS TLS (env TELHA_NATS_TLS_KEY)")
+	fs.StringVar(&g.prefix, "prefix", g.prefix, "subject prefix")
+	fs.BoolVar(&g.wait, "wait", g.wait, "wait for each request's result, print it, exit 1 unless all are ok")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long --wait waits for results")
+	fs.IntVar(&g.maxInflight, "max-inflight", g.maxInflight, "most publishes awaiting the stream's ack")
+}
+
+// parseSub parses a command's flags (the global ones included), before or
+// after its arguments, and returns the arguments; -h prints the flags and
+// ends the command with flag.ErrHelp (exit 0).
+func parseSub(fs *flag.FlagSet, g *globals, args []string) ([]string, error) {
+	g.register(fs)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0]) // an argument; flags may follow it
+		args = args[1:]
 	}
 }
 

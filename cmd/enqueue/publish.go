@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/queue/client"
 )
 
 // request is one message to publish.
@@ -26,7 +26,7 @@ type request struct {
 	body       []byte
 }
 
-func connect(g *globals) (*nats.Conn, *queue.Client, error) {
+func connect(g *globals) (*nats.Conn, *client.Client, error) {
 	opts := []nats.Option{nats.Name("telha-enqueue"), nats.MaxReconnects(10)}
 	if g.creds != "" {
 		opts = append(opts, nats.UserCredentials(g.creds))
@@ -58,7 +58,7 @@ func connect(g *globals) (*nats.Conn, *queue.Client, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", g.natsURL, err)
 	}
-	c, err := queue.NewClient(nc, queue.Config{Prefix: g.prefix}, jetstream.WithPublishAsyncMaxPending(g.maxInflight))
+	c, err := client.New(nc, client.Config{Prefix: g.prefix}, jetstream.WithPublishAsyncMaxPending(g.maxInflight))
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -68,7 +68,7 @@ func connect(g *globals) (*nats.Conn, *queue.Client, error) {
 
 // publishAll publishes reqs asynchronously (bounded in flight), and with
 // wait collects and prints their results. It returns the results by id.
-func publishAll(ctx context.Context, g *globals, c *queue.Client, reqs []request, wait bool, stdout, stderr io.Writer, progress func(done int)) (map[string]queue.Result, error) {
+func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []request, wait bool, stdout, stderr io.Writer, progress func(done int)) (map[string]client.Result, error) {
 	since := time.Now().Add(-3 * time.Minute) // covers publisher retries inside the duplicate window
 	ids := map[string]bool{}
 	tenants := []string{}
@@ -101,7 +101,14 @@ func publishAll(ctx context.Context, g *globals, c *queue.Client, reqs []request
 	var perr []error
 	for i, f := range futs {
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				// The stream already had this request (same tenant and
+				// request id) within its duplicate window: it is not
+				// delivered again; its answer is the first copy's.
+				fmt.Fprintf(stderr, "request %q of tenant %q: the request stream already had it (a duplicate within its window): not applied again; its result is the first copy's\n",
+					reqs[i].id, reqs[i].tenant)
+			}
 		case err := <-f.Err():
 			perr = append(perr, fmt.Errorf("request %q not accepted by the request stream: %w", reqs[i].id, err))
 		}
@@ -133,10 +140,10 @@ func publishAll(ctx context.Context, g *globals, c *queue.Client, reqs []request
 	return got, nil
 }
 
-func notOK(got map[string]queue.Result) error {
+func notOK(got map[string]client.Result) error {
 	bad := 0
 	for _, r := range got {
-		if r.Status != queue.StatusOK {
+		if r.Status != client.StatusOK {
 			bad++
 		}
 	}
@@ -169,17 +176,41 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 	fs.StringVar(&reason, "reason", "", "provenance reason")
 	fs.StringVar(&source, "source", "enqueue", "provenance source")
 	fs.StringVar(&decided, "decided-at", "", "provenance decided_at (RFC 3339)")
-	if err := fs.Parse(args); err != nil {
-		return usageError{err.Error()}
+	pos, err := parseSub(fs, g, args)
+	if err != nil {
+		return err
 	}
+	if len(pos) > 0 {
+		return usageError{fmt.Sprintf("unexpected arguments %q", pos)}
+	}
+	// Checked here, before anything is published: the worker would answer
+	// invalid, but a bad tenant's answer goes to <prefix>.res._, where
+	// --wait does not look.
 	if tenant == "" {
 		return usageError{"--tenant is required"}
+	}
+	if !client.ValidTenant(tenant) {
+		return usageError{fmt.Sprintf("--tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$ (lower case)", tenant)}
 	}
 	if id == "" {
 		if cmd == "tombstone-node" || cmd == "tombstone-edge" {
 			return usageError{"--id is required"}
 		}
 		id = uuid.NewString()
+	}
+	for _, f := range []struct{ name, v string }{{"--id", id}, {"--src", src}, {"--dst", dst}} {
+		if f.v != "" {
+			if _, err := uuid.Parse(f.v); err != nil || len(f.v) != 36 {
+				return usageError{fmt.Sprintf("%s %q is not a UUID (8-4-4-4-12 hex digits)", f.name, f.v)}
+			}
+		}
+	}
+	for _, f := range []struct{ name, v string }{{"--valid-from", from}, {"--valid-to", to}, {"--valid-end", end}, {"--decided-at", decided}} {
+		if f.v != "" {
+			if _, err := time.Parse(time.RFC3339Nano, f.v); err != nil {
+				return usageError{fmt.Sprintf("%s %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", f.name, f.v)}
+			}
+		}
 	}
 	if reqID == "" {
 		reqID = uuid.NewString()
@@ -235,6 +266,12 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 }
 
 func runFile(ctx context.Context, g *globals, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("file", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	args, err := parseSub(fs, g, args)
+	if err != nil {
+		return err
+	}
 	if len(args) > 1 {
 		return usageError{"file takes one PATH (or - for stdin)"}
 	}
@@ -249,7 +286,7 @@ func runFile(ctx context.Context, g *globals, args []string, stdout, stderr io.W
 	}
 	var reqs []request
 	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), queue.MaxMessageBytes+1)
+	sc.Buffer(make([]byte, 64<<10), client.MaxMessageBytes+1)
 	line := 0
 	for sc.Scan() {
 		line++
@@ -263,6 +300,9 @@ func runFile(ctx context.Context, g *globals, args []string, stdout, stderr io.W
 		}
 		if err := json.Unmarshal(raw, &head); err != nil || head.Tenant == "" {
 			return fmt.Errorf("line %d: not a request object with a tenant: %v", line, err)
+		}
+		if !client.ValidTenant(head.Tenant) {
+			return fmt.Errorf("line %d: tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$", line, head.Tenant)
 		}
 		reqs = append(reqs, request{tenant: head.Tenant, id: head.RequestID, body: append([]byte(nil), raw...)})
 	}

@@ -47,6 +47,9 @@ func run() int {
 		app.Build.Revision = revision
 	}
 	log := app.NewLogger(cfg, os.Stderr)
+	for _, k := range app.UnknownEnv(os.Environ()) {
+		log.Warn("environment variable names no flag; ignored (a typo?)", "name", k)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := app.Run(ctx, cfg, log, app.Options{}); err != nil {

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/app"
+	"github.com/telha/telha-cascade/internal/testnats"
+)
+
+// startWorker runs the real worker in-process against ns.
+func startWorker(t *testing.T, url string) {
+	t.Helper()
+	cfg, err := app.ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--nats-url", url},
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), app.Options{OnReady: func(*app.App) { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("worker: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker not ready")
+	}
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func enqueue(t *testing.T, args ...string) (code int, out, errOut string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// TestEnqueueAsAUserWouldRunIt: flags after the command, -h of a command,
+// a bad tenant or id refused before anything is published, a duplicate
+// publish reported, the dead-letter commands and owner.
+func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
+	ns := testnats.Start(t)
+	url := ns.ClientURL()
+	startWorker(t, url)
+
+	n := uuid.NewString()
+	code, out, errOut := enqueue(t, "put-node", "--nats-url", url, "--wait", "--tenant", "acme", "--id", n, "--request-id", "r-1")
+	if code != 0 || !strings.Contains(out, `"status":"ok"`) {
+		t.Fatalf("put-node with flags after the command: %d %s %s", code, out, errOut)
+	}
+	if code, _, _ := enqueue(t, "put-node", "-h"); code != 0 {
+		t.Errorf("put-node -h exits %d, want 0", code)
+	}
+	for _, bad := range [][]string{{"--tenant", "Acme"}, {"--tenant", "acme", "--id", "nope"}, {"--tenant", "acme", "--valid-from", "tomorrow"}} {
+		code, _, errOut := enqueue(t, append([]string{"put-node", "--nats-url", url, "--wait", "--timeout", "2s"}, bad...)...)
+		if code != 2 || errOut == "" {
+			t.Errorf("put-node %v: exit %d (%s), want 2 at once", bad, code, errOut)
+		}
+	}
+	// The same request again within the window: the stream says duplicate.
+	code, out, errOut = enqueue(t, "put-node", "--nats-url", url, "--wait", "--tenant", "acme", "--id", n, "--request-id", "r-1")
+	if code != 0 || !strings.Contains(errOut, "already had it") || !strings.Contains(out, `"status":"ok"`) {
+		t.Fatalf("a duplicate publish: %d %q %q", code, out, errOut)
+	}
+
+	// A dead letter: an invalid request published by hand.
+	nc := testnats.Connect(t, url)
+	if _, err := nc.Request("telha.req.acme", []byte(`{"request_id":"broken-1","op":"put_node","tenant":"acme","id":"nope"}`), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var dl deadLetter
+	testnats.Eventually(t, 20*time.Second, "the dead letter", func() bool {
+		code, out, _ := enqueue(t, "dlq", "list", "--nats-url", url, "--tenant", "acme")
+		return code == 0 && json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &dl) == nil && dl.RequestID == "broken-1"
+	})
+	if dl.Reason != "invalid" || dl.OriginalSubject != "telha.req.acme" {
+		t.Fatalf("dlq list: %+v", dl)
+	}
+	seq := strconv.FormatUint(dl.Seq, 10)
+	code, out, _ = enqueue(t, "dlq", "show", seq, "--nats-url", url)
+	if code != 0 || !strings.Contains(out, `"body":{"request_id":"broken-1"`) || !strings.Contains(out, "Telha-Reason") {
+		t.Fatalf("dlq show: %d %s", code, out)
+	}
+	code, out, errOut = enqueue(t, "dlq", "retry", seq, "--nats-url", url)
+	if code != 0 || !strings.Contains(out, `"retried":`+seq) {
+		t.Fatalf("dlq retry: %d %s %s", code, out, errOut)
+	}
+	// Retried, still invalid: dead-lettered again under a new seq; the old one is gone.
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last dlq list: %s", last)
+		}
+	}()
+	testnats.Eventually(t, 20*time.Second, "the retried request dead-lettered again", func() bool {
+		_, out, _ := enqueue(t, "dlq", "list", "--nats-url", url, "--tenant", "acme")
+		last = out
+		var first deadLetter
+		return json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &first) == nil && first.Seq > dl.Seq && first.RequestID == "broken-1" &&
+			strings.Count(out, `"request_id":"broken-1"`) == 1
+	})
+	_, out, _ = enqueue(t, "dlq", "list", "--nats-url", url)
+	var again deadLetter
+	_ = json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &again)
+	code, out, _ = enqueue(t, "dlq", "discard", strconv.FormatUint(again.Seq, 10), "--nats-url", url)
+	if code != 0 || !strings.Contains(out, "discarded") {
+		t.Fatalf("dlq discard: %d %s", code, out)
+	}
+	if _, out, _ := enqueue(t, "dlq", "list", "--nats-url", url); strings.Contains(out, `"request_id":"broken-1"`) {
+		t.Fatalf("the discarded dead letter is still listed: %s", out)
+	}
+	if code, _, _ := enqueue(t, "dlq", "show", "999999", "--nats-url", url); code != 1 {
+		t.Errorf("dlq show of a missing seq: exit %d, want 1", code)
+	}
+
+	code, out, _ = enqueue(t, "owner", "--tenant", "acme", "--nats-url", url)
+	var own struct {
+		Partitions, Partition, Replicas, Replica int
+		Consumer                                 string
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &own) != nil || own.Partitions != 1 || own.Replicas != 1 || own.Consumer != "telha-worker-0" {
+		t.Fatalf("owner: %d %s", code, out)
+	}
+}
