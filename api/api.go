@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -171,6 +172,12 @@ type params struct {
 	id                   uuid.UUID
 	v, t                 storage.Ts
 	explicitV, explicitT bool
+	// asked is the tx the reader asked for (t before safe time lowered it).
+	asked storage.Ts
+	// wait bounds how long the read may wait for safe time to reach asked.
+	deadline time.Time
+	// inflight is the journal that kept t below asked, if any.
+	inflight *storage.JournalEntry
 }
 
 // Params parses {t}, {id}, valid and tx. Both default to the store's now:
@@ -191,13 +198,26 @@ func (s *Server) params(r *http.Request) (params, error) {
 			return p, bad("id %s is not a UUID (8-4-4-4-12 hex digits)", storage.QuoteShort(raw))
 		}
 	}
-	// "Now" is the store's now: the later of the wall clock and the last
-	// transaction time. Under a burst, tx times run a little ahead of the
-	// wall clock (max(now, last+1)), and a delete whose valid_end defaulted
-	// to its tx must read deleted right after its result arrives.
-	now := max(storage.TsFromTime(s.opts.Now()), s.store.Clock().Last())
-	p.v, p.t = now, now
+	// "Now" is the store's safe now (storage/safetime.go): tx defaults to
+	// the committed tx (nothing can be written at or below it any more but
+	// by a journal in flight), valid to the later of the wall clock and that
+	// tx (under a burst, tx times run a little ahead of the wall clock, and
+	// a delete whose valid_end defaulted to its tx must read deleted right
+	// after its result arrives).
+	committed := s.store.Committed()
+	p.v, p.t = max(storage.TsFromTime(s.opts.Now()), committed), committed
 	q := r.URL.Query()
+	p.deadline = time.Now()
+	if ws, ok := q["wait"]; ok {
+		if len(ws) != 1 {
+			return p, bad("wait given %d times", len(ws))
+		}
+		d, err := parseWait(ws[0])
+		if err != nil {
+			return p, err
+		}
+		p.deadline = p.deadline.Add(d)
+	}
 	for _, f := range []struct {
 		name string
 		dst  *storage.Ts
@@ -217,7 +237,99 @@ func (s *Server) params(r *http.Request) (params, error) {
 		}
 		*f.dst = ts
 	}
+	p.asked = p.t
+	if p.t > committed {
+		// Not every tx up to t is committed yet: wait (up to wait) or
+		// answer at the committed tx, which the answer says.
+		ctx, cancel := context.WithDeadline(r.Context(), p.deadline)
+		committed = s.store.WaitCommitted(ctx, p.t)
+		cancel()
+		p.t = min(p.t, committed)
+		if !p.explicitV {
+			p.v = max(p.v, committed)
+		}
+	}
 	return p, nil
+}
+
+// MaxWait bounds the wait parameter.
+const MaxWait = 30 * time.Second
+
+// parseWait reads wait: a Go duration ("2s", "500ms") or seconds ("2.5").
+func parseWait(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		f, ferr := strconv.ParseFloat(v, 64)
+		if ferr != nil || f != f {
+			return 0, bad("wait %s must be a duration such as 2s or 500ms", storage.QuoteShort(v))
+		}
+		d = time.Duration(f * float64(time.Second))
+	}
+	if d < 0 || d > MaxWait {
+		return 0, bad("wait %s must be between 0 and %s", storage.QuoteShort(v), MaxWait)
+	}
+	return d, nil
+}
+
+// settle lowers p.t below every journal in flight that fences one of nodes
+// with a tx at or below it (their chunks may still land there), after
+// waiting for them until p's deadline (storage/safetime.go).
+func (s *Server) settle(ctx context.Context, p *params, nodes ...uuid.UUID) {
+	for {
+		t, by := s.store.SafeAt(p.scope, p.t, nodes...)
+		if by == nil {
+			return
+		}
+		if !s.waitJournal(ctx, by, p.deadline) {
+			p.t, p.inflight = t, by
+			return
+		}
+	}
+}
+
+// waitJournal waits until e is removed or the deadline passes.
+func (s *Server) waitJournal(ctx context.Context, e *storage.JournalEntry, deadline time.Time) bool {
+	d := time.Until(deadline)
+	if d <= 0 {
+		select {
+		case <-e.Removed():
+			return true
+		default:
+			return false
+		}
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-e.Removed():
+		return true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// asOf is what every read answers besides its data: the coordinate it was
+// answered at, and, when a journal in flight kept the tx below the one
+// asked, that journal.
+type asOf struct {
+	AsOfValid storage.Ts    `json:"as_of_valid"`
+	AsOfTx    storage.Ts    `json:"as_of_tx"`
+	InFlight  *inFlightJSON `json:"cascade_in_flight,omitempty"`
+}
+
+type inFlightJSON struct {
+	NodeID    string     `json:"node_id"`
+	RequestID string     `json:"request_id"`
+	Tx        storage.Ts `json:"tx"`
+}
+
+func (p *params) asOf() asOf {
+	a := asOf{AsOfValid: p.v, AsOfTx: p.t}
+	if e := p.inflight; e != nil {
+		a.InFlight = &inFlightJSON{NodeID: e.J.NodeID.String(), RequestID: e.J.Prov.RequestID, Tx: e.J.Tx}
+	}
+	return a
 }
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
@@ -237,17 +349,42 @@ func (s *Server) entity(k storage.Kind) http.HandlerFunc {
 			s.fail(w, err)
 			return
 		}
+		if err := s.settleEntity(r.Context(), &p, k); err != nil {
+			s.fail(w, err)
+			return
+		}
 		v, ok, err := storage.AsOf(s.store.Reader(), p.scope, k, p.id, p.v, p.t)
 		if err != nil {
 			s.fail(w, err)
 			return
 		}
 		if !ok {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is absent at valid %s, tx %s", k, p.id, p.v, p.t))
+			writeJSON(w, http.StatusNotFound, struct {
+				Error string `json:"error"`
+				asOf
+			}{fmt.Sprintf("%s %s is absent at valid %s, tx %s", k, p.id, p.v, p.t), p.asOf()})
 			return
 		}
-		writeJSON(w, http.StatusOK, VersionJSON(&v))
+		writeJSON(w, http.StatusOK, struct {
+			Version
+			asOf
+		}{VersionJSON(&v), p.asOf()})
 	}
+}
+
+// settleEntity settles p for a read of one entity: a node's own fence, or
+// an edge's endpoints' (immutable, so its latest version names them).
+func (s *Server) settleEntity(ctx context.Context, p *params, k storage.Kind) error {
+	if k == storage.KindNode {
+		s.settle(ctx, p, p.id)
+		return nil
+	}
+	latest, ok, err := storage.Latest(s.store.Reader(), p.scope, storage.KindEdge, p.id)
+	if err != nil || !ok {
+		return err
+	}
+	s.settle(ctx, p, latest.Src, latest.Dst)
+	return nil
 }
 
 // Paging of the list reads: limit (default DefaultLimit, at most
@@ -368,14 +505,43 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	}
 	var after *storage.EdgeCursor
 	if c != nil {
-		if (p.explicitV && p.v != c.v) || (p.explicitT && p.t != c.t) || c.dir != dir {
+		if (p.explicitV && p.v != c.v) || (p.explicitT && p.asked != c.t) || c.dir != dir {
 			s.fail(w, bad("the cursor belongs to a walk at another coordinate or direction"))
 			return
 		}
 		p.v, p.t = c.v, c.t
 		after = &storage.EdgeCursor{Out: c.out, ID: c.edge}
+	} else {
+		s.settle(r.Context(), &p, p.id)
 	}
-	page, err := storage.EdgesOfPage(s.store.Reader(), p.scope, p.id, dir, p.v, p.t, after, limit, 10*limit+1000)
+	var page storage.EdgesPage
+	for {
+		// An edge to a node fenced by a journal at or below t may be half
+		// written: a first page lowers t below it (or waits); a later page,
+		// whose walk is pinned, waits for it (it never lowers t mid-walk).
+		var blocked *storage.JournalEntry
+		page, err = storage.EdgesOfPage(s.store.Reader(), p.scope, p.id, dir, p.v, p.t, after, limit, 10*limit+1000, func(other uuid.UUID) bool {
+			if _, by := s.store.SafeAt(p.scope, p.t, other); by != nil {
+				blocked = by
+				return false
+			}
+			return true
+		})
+		if err != nil || blocked == nil {
+			break
+		}
+		if c != nil {
+			if !s.waitJournal(r.Context(), blocked, time.Now().Add(MaxWait)) {
+				w.Header().Set("Retry-After", "5")
+				writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the walk's coordinate (tx %s) meets the cascade of node %s in flight; retry this page", p.t, blocked.J.NodeID))
+				return
+			}
+			continue
+		}
+		if !s.waitJournal(r.Context(), blocked, p.deadline) {
+			p.t, p.inflight = blocked.J.Tx-1, blocked
+		}
+	}
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -388,7 +554,11 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	if page.Next != nil {
 		next = &cursor{kind: 'e', id: p.id, v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"edges": out, "next": nextJSON(next), "as_of_valid": p.v, "as_of_tx": p.t})
+	writeJSON(w, http.StatusOK, struct {
+		Edges []Version `json:"edges"`
+		Next  *string   `json:"next"`
+		asOf
+	}{out, nextJSON(next), p.asOf()})
 }
 
 func (s *Server) history(k storage.Kind) http.HandlerFunc {
@@ -411,14 +581,21 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		var after *[2]storage.Ts
 		if c != nil {
 			after = &[2]storage.Ts{c.tx, c.vals}
+			p.t = c.t
+		} else if err := s.settleEntity(r.Context(), &p, k); err != nil {
+			s.fail(w, err)
+			return
 		}
-		vs, nx, err := storage.HistoryPage(s.store.Reader(), p.scope, k, p.id, after, limit)
+		vs, nx, err := storage.HistoryPage(s.store.Reader(), p.scope, k, p.id, after, limit, p.t)
 		if err != nil {
 			s.fail(w, err)
 			return
 		}
 		if c == nil && len(vs) == 0 {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s has no version", k, p.id))
+			writeJSON(w, http.StatusNotFound, struct {
+				Error string `json:"error"`
+				asOf
+			}{fmt.Sprintf("%s %s has no version at or before tx %s", k, p.id, p.t), p.asOf()})
 			return
 		}
 		out := make([]Version, 0, len(vs))
@@ -427,9 +604,13 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		}
 		var next *cursor
 		if nx != nil {
-			next = &cursor{kind: 'h', id: p.id, tx: nx[0], vals: nx[1]}
+			next = &cursor{kind: 'h', id: p.id, t: p.t, tx: nx[0], vals: nx[1]}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"versions": out, "next": nextJSON(next)})
+		writeJSON(w, http.StatusOK, struct {
+			Versions []Version `json:"versions"`
+			Next     *string   `json:"next"`
+			asOf
+		}{out, nextJSON(next), p.asOf()})
 	}
 }
 

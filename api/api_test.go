@@ -140,6 +140,24 @@ var versionKeys = []string{"dst", "id", "label", "props", "provenance", "src", "
 
 // checkVersionShape checks the raw version JSON: exactly the documented
 // keys, times in TimeLayout or null, tx_to null, props an object.
+// checkEntityShape checks the body of an entity GET: a version plus the
+// coordinate it was answered at (as_of_valid, as_of_tx), which it strips.
+func checkEntityShape(t *testing.T, raw json.RawMessage, edge bool) map[string]json.RawMessage {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("entity %s: %v", raw, err)
+	}
+	for _, k := range []string{"as_of_valid", "as_of_tx"} {
+		if !timeRE.MatchString(strings.Trim(string(m[k]), `"`)) {
+			t.Fatalf("entity %s: %s %s is not a time", raw, k, m[k])
+		}
+		delete(m, k)
+	}
+	b, _ := json.Marshal(m)
+	return checkVersionShape(t, b, edge)
+}
+
 func checkVersionShape(t *testing.T, raw json.RawMessage, edge bool) map[string]json.RawMessage {
 	t.Helper()
 	var m map[string]json.RawMessage
@@ -196,7 +214,7 @@ func TestVersionJSONShape(t *testing.T) {
 
 	var raw json.RawMessage
 	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"?valid=2000-01-01T00:00:00Z", 200, &raw)
-	v := checkVersionShape(t, raw, false)
+	v := checkEntityShape(t, raw, false)
 	want := map[string]string{
 		"id": `"` + n.String() + `"`, "src": "null", "dst": "null", "label": "null",
 		"valid_from": `"1960-01-02T03:04:05.000006Z"`, "valid_to": "null",
@@ -214,7 +232,7 @@ func TestVersionJSONShape(t *testing.T) {
 	}
 
 	e.getJSON("/v1/tenants/acme/edges/"+ed.String()+"?valid=2000-01-01T00:00:00Z", 200, &raw)
-	v = checkVersionShape(t, raw, true)
+	v = checkEntityShape(t, raw, true)
 	want = map[string]string{
 		"id": `"` + ed.String() + `"`, "src": `"` + n.String() + `"`, "dst": `"` + m.String() + `"`, "label": `"knows"`,
 		"valid_from": `"1960-01-02T03:04:05.000006Z"`, "valid_to": `"2030-01-01T00:00:00.000000Z"`,
@@ -234,7 +252,7 @@ func TestVersionJSONShape(t *testing.T) {
 	}
 	// Open ends stay null for an open valid_to even far in valid time.
 	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"?valid=9999-12-31T23:59:59Z", 200, &raw)
-	if v := checkVersionShape(t, raw, false); string(v["valid_to"]) != "null" {
+	if v := checkEntityShape(t, raw, false); string(v["valid_to"]) != "null" {
 		t.Errorf("valid_to %s", v["valid_to"])
 	}
 	// The edge's valid interval is [vf, vt): at vt it reads absent.
@@ -293,10 +311,12 @@ func TestHistoriesAscendingWithTombstones(t *testing.T) {
 	}
 	// The history of an id that never existed is 404, like its GET.
 	e.getJSON("/v1/tenants/acme/nodes/"+uuid.NewString()+"/history", 404, nil)
-	// History ignores valid and tx but still validates them.
-	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"/history?tx=2000-01-01T00:00:00Z", 200, &h)
+	// History reads as of tx (versions with tx_from <= tx): none by 2000;
+	// it ignores valid but still validates it.
+	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"/history?tx=2000-01-01T00:00:00Z", 404, nil)
+	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"/history?valid=2000-01-01T00:00:00Z", 200, &h)
 	if len(h.Versions) != 3 {
-		t.Errorf("history as of tx 2000: %d versions", len(h.Versions))
+		t.Errorf("history with valid 2000: %d versions", len(h.Versions))
 	}
 	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"/history?tx=soon", 400, nil)
 
@@ -441,6 +461,10 @@ func TestNotFoundAndErrorBodies(t *testing.T) {
 		}
 		var msg string
 		_ = json.Unmarshal(body["error"], &msg)
+		if c.code == http.StatusNotFound { // a 404 also says the coordinate it was answered at
+			delete(body, "as_of_valid")
+			delete(body, "as_of_tx")
+		}
 		if r.code != c.code || msg == "" || len(body) != 1 || r.ct != "application/json" {
 			t.Errorf("GET %s: %d %s (%s), want %d with {\"error\": ...}", c.path, r.code, r.body, r.ct, c.code)
 		}

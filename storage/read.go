@@ -359,7 +359,11 @@ type EdgeCursor struct {
 }
 
 // EdgesOfPage reads one page of a node's edges (see EdgesPage).
-func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts, after *EdgeCursor, limit, scanLimit int) (EdgesPage, error) {
+//
+// ok, when set, is asked about the other endpoint of every edge the page
+// reads (taken or not); false stops the page (safe time: the caller lowers
+// t or waits, and reads the page again).
+func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts, after *EdgeCursor, limit, scanLimit int, ok func(other uuid.UUID) bool) (EdgesPage, error) {
 	var page EdgesPage
 	scanned := 0
 	for _, out := range []bool{true, false} {
@@ -383,6 +387,9 @@ func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t 
 			}
 			scanned++
 			last = id
+			if ok != nil && rows[0].Other != node && !ok(rows[0].Other) {
+				return stop
+			}
 			if !out && dir&DirOut != 0 && rows[0].Other == node {
 				return nil // a self-loop, reported from the out rows
 			}
@@ -408,6 +415,9 @@ func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t 
 			return nil
 		})
 		if errors.Is(err, stop) {
+			if page.Next == nil { // stopped by ok: the caller reads it again
+				return EdgesPage{}, nil
+			}
 			return page, nil
 		}
 		if err != nil {
@@ -458,17 +468,21 @@ func scanAdjGroupsFrom(r pebble.Reader, p, lo []byte, fn func(uuid.UUID, []AdjRo
 	return flush()
 }
 
-// HistoryPage reads up to limit versions of an entity in ascending tx
-// order, after the version at (afterTx, afterValid) when after is set;
-// next is set when more follow.
-func HistoryPage(r pebble.Reader, sc Scope, k Kind, id uuid.UUID, after *[2]Ts, limit int) (vs []Version, next *[2]Ts, err error) {
+// HistoryPage reads up to limit versions of an entity with tx.start <=
+// upTo, in ascending tx order, after the version at (afterTx, afterValid)
+// when after is set; next is set when more follow.
+func HistoryPage(r pebble.Reader, sc Scope, k Kind, id uuid.UUID, after *[2]Ts, limit int, upTo Ts) (vs []Version, next *[2]Ts, err error) {
 	p := VersionPrefix(sc, k, id)
 	lo := p
 	if after != nil {
 		lo = PrefixEnd(VersionKey(sc, k, id, after[0], after[1]))
 	}
+	hi := PrefixEnd(p)
+	if upTo < OpenEnd {
+		hi = putTs(append([]byte(nil), p...), upTo+1) // versions are keyed by tx first
+	}
 	stop := errors.New("page full")
-	err = scan(r, lo, PrefixEnd(p), func(key, val []byte) error {
+	err = scan(r, lo, hi, func(key, val []byte) error {
 		if len(vs) == limit {
 			last := vs[len(vs)-1]
 			next = &[2]Ts{last.Tx.Start, last.Valid.Start}

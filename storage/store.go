@@ -66,6 +66,7 @@ type Store struct {
 	onCommit func(time.Duration, int, error)
 
 	w         *writer
+	committed *committed
 	fatal     *fatalState
 	onTxnRead func()
 
@@ -155,10 +156,11 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 		return nil, err
 	}
 	s.clock = NewTxClock(opts.Clock, hwm)
+	s.committed = newCommitted(hwm)
 	if err := s.loadJournals(); err != nil {
 		return nil, err
 	}
-	s.w = newWriter(opts.OnWriterTask)
+	s.w = newWriter(opts.OnWriterTask, func() { s.committed.advance(s.clock.Last()) })
 	return s, nil
 }
 

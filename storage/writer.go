@@ -81,10 +81,13 @@ type writer struct {
 	idle    []chan struct{}
 	// observe, when set, sees each task's wait in its lane and run time.
 	observe func(lane Lane, wait, run time.Duration)
+	// ended runs after every task, on the writer (the store records its
+	// committed tx there: safetime.go).
+	ended func()
 }
 
-func newWriter(observe func(lane Lane, wait, run time.Duration)) *writer {
-	w := &writer{wake: make(chan struct{}, 1), stopped: make(chan struct{}), last: Background, observe: observe}
+func newWriter(observe func(lane Lane, wait, run time.Duration), ended func()) *writer {
+	w := &writer{wake: make(chan struct{}, 1), stopped: make(chan struct{}), last: Background, observe: observe, ended: ended}
 	go w.loop()
 	return w
 }
@@ -171,6 +174,9 @@ func (w *writer) loop() {
 		}
 		start := time.Now()
 		r := runTask(t.run)
+		if w.ended != nil {
+			w.ended()
+		}
 		if w.observe != nil {
 			w.observe(t.lane, start.Sub(t.at), time.Since(start))
 		}
