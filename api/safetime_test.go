@@ -81,7 +81,10 @@ func (w *safeWorld) hub(sc storage.Scope, n int) (uuid.UUID, []uuid.UUID) {
 	w.t.Helper()
 	hub := uuid.New()
 	edges := make([]uuid.UUID, 0, n)
-	open := func(v storage.NodeWrite) storage.NodeWrite { v.ValidFrom, v.ValidTo = storage.NoTs, storage.NoTs; return v }
+	open := func(v storage.NodeWrite) storage.NodeWrite {
+		v.ValidFrom, v.ValidTo = storage.NoTs, storage.NoTs
+		return v
+	}
 	if _, err := w.ops.PutNode(context.Background(), sc, open(storage.NodeWrite{ID: hub})); err != nil {
 		w.t.Fatal(err)
 	}
