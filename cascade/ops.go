@@ -63,6 +63,8 @@ type Hooks struct {
 	// every earlier step durable and nothing of it queued. It may block:
 	// interleaving tests hold a journal between two steps with it.
 	JournalStep func(e *storage.JournalEntry, n int)
+	// EraseScrubbed fires when an erase has scrubbed the disk.
+	EraseScrubbed func(st storage.ScrubStats)
 }
 
 // JournalSink takes journaled cascades once their head (the commit point)
@@ -86,8 +88,11 @@ type Options struct {
 	// a journal in the caller's goroutine, and other journals wait for
 	// ResumeJournals (tests, tools).
 	Journals JournalSink
-	Hooks    Hooks
-	Logger   *slog.Logger
+	// Erases receives every erase committed. Nil: erases wait for
+	// ResumeErases (tests, tools).
+	Erases EraseSink
+	Hooks  Hooks
+	Logger *slog.Logger
 }
 
 // Ops is the cascade engine over one store.
@@ -95,6 +100,7 @@ type Ops struct {
 	store       *storage.Store
 	maxBatchOps int
 	sink        JournalSink
+	eraseSink   EraseSink
 	hooks       Hooks
 	log         *slog.Logger
 	applier     *Applier
@@ -103,7 +109,7 @@ type Ops struct {
 // New returns the engine.
 func New(store *storage.Store, opts Options) *Ops {
 	opts = opts.withDefaults()
-	return &Ops{store: store, maxBatchOps: opts.MaxBatchOps, sink: opts.Journals, hooks: opts.Hooks, log: opts.Logger,
+	return &Ops{store: store, maxBatchOps: opts.MaxBatchOps, sink: opts.Journals, eraseSink: opts.Erases, hooks: opts.Hooks, log: opts.Logger,
 		applier: NewApplier(store, opts)}
 }
 
@@ -237,6 +243,11 @@ const (
 	// stored; Receipt is the first request's, when it has one (Err says
 	// which request it was).
 	Conflict
+	// Erasing: the erase's head (its commit point) committed with the
+	// group (with the tombstone, when the entity was live), or, when
+	// Duplicate, was already in flight. The answer is written to the
+	// result outbox when the erase finishes (erase.go).
+	Erasing
 )
 
 // Outcome is what applying one Request came to.
@@ -246,6 +257,7 @@ type Outcome struct {
 	Err       error           // Answered refusals and Invalid
 	Duplicate bool            // the request id was seen before
 	Journal   *storage.JournalEntry
+	Erase     *storage.EraseEntry
 }
 
 // Status is the outcome's status (StatusOK for a journaled cascade: its
@@ -254,7 +266,7 @@ func (oc Outcome) Status() storage.Status {
 	switch oc.Kind {
 	case Answered:
 		return oc.Receipt.Status
-	case Journaled:
+	case Journaled, Erasing:
 		return storage.StatusOK
 	case Conflict:
 		return storage.StatusConflict
@@ -359,6 +371,13 @@ func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool,
 			}
 			return Outcome{Kind: Answered, Receipt: rc, Err: rc.Status.Err(), Duplicate: true}, true, nil
 		}
+		if e := t.Store().Erases().ByRequest(r.Scope, r.RequestID); e != nil {
+			if e.Job.Fingerprint != fp {
+				return Outcome{Kind: Conflict, Duplicate: true, Err: fmt.Errorf("%w: request id %q is the %s of %s, in flight; this request differs",
+					ErrConflict, r.RequestID, e.Job.Op, e.Job.ID)}, true, nil
+			}
+			return Outcome{Kind: Erasing, Erase: e, Duplicate: true}, true, nil
+		}
 		if e := t.Store().Journals().ByRequest(r.Scope, r.RequestID); e != nil {
 			if !e.J.Fingerprint.IsZero() && e.J.Fingerprint != fp {
 				return Outcome{Kind: Conflict, Duplicate: true, Err: fmt.Errorf("%w: request id %q is the tombstone_node of %s, in flight; this request differs",
@@ -392,6 +411,15 @@ func (o *Ops) applyOne(t *storage.Txn, req *Request, first bool) (Outcome, bool,
 			return Outcome{}, false, nil
 		}
 		tx, err2 = o.tombstoneEdge(t, &r)
+	case storage.OpEraseNode, storage.OpEraseEdge:
+		var e *storage.EraseEntry
+		e, tx, err2 = o.beginErase(t, &r, b, fp)
+		if e != nil {
+			return Outcome{Kind: Erasing, Erase: e}, true, nil
+		}
+		if err2 == nil && tx == 0 {
+			return Outcome{}, false, nil // does not fit this group
+		}
 	case storage.OpTombstoneNode:
 		var d nodeDecision
 		d, err2 = o.decideNode(t, &r, b)

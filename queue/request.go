@@ -347,7 +347,7 @@ func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
 	}
 	op, ok := storage.ParseOp(*w.Op)
 	if !ok {
-		return bad("unknown op %q (want put_node, put_edge, tombstone_node or tombstone_edge)", *w.Op)
+		return bad("unknown op %q (want put_node, put_edge, tombstone_node, tombstone_edge, erase_node or erase_edge)", *w.Op)
 	}
 	r.Op = op
 	if w.Tenant == nil {
@@ -446,6 +446,9 @@ func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
 		if r.Prov.DecidedAt, err = parseTime("provenance.decided_at", pv.DecidedAt); err != nil {
 			return bad("%v", err)
 		}
+	}
+	if (op == storage.OpEraseNode || op == storage.OpEraseEdge) && r.Prov.Reason == "" {
+		return bad("%s needs provenance.reason (why the data must be erased; it is kept in the erasure record)", op)
 	}
 	return r, nil
 }

@@ -50,6 +50,11 @@ func ResultOfReceipt(tenant, requestID string, rc storage.Receipt, err error) Re
 		if rc.Op == storage.OpTombstoneNode {
 			res.EdgesTombstoned, res.Journaled = rc.EdgesTombstoned, rc.Journaled
 		}
+		if rc.Op == storage.OpEraseNode || rc.Op == storage.OpEraseEdge {
+			n := rc.VersionsErased
+			res.VersionsErased = &n
+			res.EdgesTombstoned, res.Journaled = rc.EdgesTombstoned, rc.Journaled
+		}
 	case err != nil:
 		res.Error = err.Error()
 	default:

@@ -481,7 +481,7 @@ func (w *Worker) finish(items []*item) {
 			}
 			res := resultOfOutcome(&it.req, it.outcome)
 			w.deadLetter(ctx, it, reason, res.Error, res)
-		case it.outcome.Kind == cascade.Journaled:
+		case it.outcome.Kind == cascade.Journaled || it.outcome.Kind == cascade.Erasing:
 			// The journal (the commit point) is durable: the cascade will
 			// complete, and its result is published from the outbox when the
 			// node tombstone lands (package reaper).

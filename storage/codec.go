@@ -168,6 +168,9 @@ func appendVersion(dst []byte, v *Version) []byte {
 	if v.Prov.DecidedAt != NoTs {
 		flags |= flagDecidedAt
 	}
+	if v.Erased {
+		flags |= flagErased
+	}
 	e.byte(flags)
 	e.interval(v.Valid)
 	e.interval(v.Tx)
@@ -195,10 +198,11 @@ func DecodeVersion(b []byte) (Version, error) {
 		d.fail("bad kind %d", v.Kind)
 	}
 	flags := d.byte()
-	if d.err == nil && flags&^(flagTombstone|flagDecidedAt) != 0 {
+	if d.err == nil && flags&^(flagTombstone|flagDecidedAt|flagErased) != 0 {
 		d.fail("unknown flags %#x", flags)
 	}
 	v.Tombstone = flags&flagTombstone != 0
+	v.Erased = flags&flagErased != 0
 	v.Valid = d.interval()
 	v.Tx = d.interval()
 	v.ID = d.uuid()
@@ -285,11 +289,14 @@ const (
 	OpPutEdge
 	OpTombstoneNode
 	OpTombstoneEdge
+	OpEraseNode
+	OpEraseEdge
 )
 
 var opNames = map[Op]string{
 	OpPutNode: "put_node", OpPutEdge: "put_edge",
 	OpTombstoneNode: "tombstone_node", OpTombstoneEdge: "tombstone_edge",
+	OpEraseNode: "erase_node", OpEraseEdge: "erase_edge",
 }
 
 func (o Op) String() string {
@@ -310,7 +317,9 @@ func ParseOp(s string) (Op, bool) {
 }
 
 // Ops lists every op in a fixed order.
-func Ops() []Op { return []Op{OpPutNode, OpPutEdge, OpTombstoneNode, OpTombstoneEdge} }
+func Ops() []Op {
+	return []Op{OpPutNode, OpPutEdge, OpTombstoneNode, OpTombstoneEdge, OpEraseNode, OpEraseEdge}
+}
 
 // Status is the one vocabulary of request outcomes: what a receipt
 // records, what a result's "status" field says (String is the wire name),
@@ -409,6 +418,8 @@ type Receipt struct {
 	// Fingerprint of the request (op and fields, canonical); zero in
 	// receipts of earlier builds.
 	Fingerprint Fingerprint
+	// VersionsErased: the versions an erase_* rewrote (erase receipts only).
+	VersionsErased uint64
 }
 
 // Fingerprint identifies a request's content (cascade.Request.Fingerprint),
@@ -431,12 +442,18 @@ func EncodeReceipt(r *Receipt) []byte {
 	if !r.Fingerprint.IsZero() {
 		flags |= flagFingerprint
 	}
+	if r.Op == OpEraseNode || r.Op == OpEraseEdge {
+		flags |= flagVersionsErased
+	}
 	e.byte(flags)
 	e.uuid(r.ID)
 	e.i64(int64(r.Tx))
 	e.uvar(r.EdgesTombstoned)
 	if flags&flagFingerprint != 0 {
 		e.b = append(e.b, r.Fingerprint[:]...)
+	}
+	if flags&flagVersionsErased != 0 {
+		e.uvar(r.VersionsErased)
 	}
 	return e.b
 }
@@ -456,7 +473,7 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 		if !r.Status.Stored() {
 			d.fail("bad status %d", r.Status)
 		}
-		if flags&^(flagJournaled|flagFingerprint) != 0 {
+		if flags&^(flagJournaled|flagFingerprint|flagVersionsErased) != 0 {
 			d.fail("unknown flags %#x", flags)
 		}
 	}
@@ -466,6 +483,9 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 	r.EdgesTombstoned = d.uvar()
 	if flags&flagFingerprint != 0 {
 		copy(r.Fingerprint[:], d.take(16))
+	}
+	if flags&flagVersionsErased != 0 {
+		r.VersionsErased = d.uvar()
 	}
 	if err := d.finish("receipt"); err != nil {
 		return Receipt{}, err
@@ -491,6 +511,9 @@ type Journal struct {
 	CreatedAt Ts         // wall-clock time the journal was written
 	// Fingerprint of the request (zero in heads of earlier builds).
 	Fingerprint Fingerprint
+	// Quiet: the cascade of an erase_node (storage/erase.go); finishing it
+	// stores no receipt and publishes no result (the erase does, later).
+	Quiet bool
 }
 
 // JournalPageSize is the number of edge ids per journal page row.
@@ -506,6 +529,9 @@ func EncodeJournal(j *Journal) []byte {
 	}
 	if !j.Fingerprint.IsZero() {
 		flags |= flagFingerprint
+	}
+	if j.Quiet {
+		flags |= flagQuiet
 	}
 	e.byte(flags)
 	e.uuid(j.NodeID)
@@ -530,9 +556,10 @@ func DecodeJournal(b []byte) (Journal, error) {
 	var j Journal
 	d.header("journal")
 	flags := d.byte()
-	if d.err == nil && flags&^(flagDecidedAt|flagFingerprint) != 0 {
+	if d.err == nil && flags&^(flagDecidedAt|flagFingerprint|flagQuiet) != 0 {
 		d.fail("unknown flags %#x", flags)
 	}
+	j.Quiet = flags&flagQuiet != 0
 	j.NodeID = d.uuid()
 	j.ValidEnd = Ts(d.i64())
 	j.Tx = Ts(d.i64())

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,9 @@ type Engine interface {
 	// Commit applies b with fsync. It is the only durable call.
 	Commit(b *pebble.Batch) error
 	Metrics() *pebble.Metrics
+	// Flush and Compact serve erasure's scrub (Store.Scrub).
+	Flush() error
+	Compact(ctx context.Context, start, end []byte, parallelize bool) error
 	// DiskUsage reports the bytes the engine occupies on disk.
 	DiskUsage() uint64
 }
@@ -82,6 +86,20 @@ func tune(opts *pebble.Options, sz Sizes) {
 	}
 }
 
+// noRecycleCleaner deletes obsolete files, like Pebble's default cleaner,
+// and turns off WAL recycling: Pebble recycles a cleaner's logs only when
+// the cleaner does not need the files' contents (obsolete_files.go), and a
+// recycled WAL keeps its old bytes (erased values among them) until it is
+// overwritten, in a file that stays on disk. The marker method comes from
+// the embedded ArchiveCleaner, one level down, so the DeleteCleaner's
+// Clean and String win.
+type noRecycleCleaner struct {
+	pebble.DeleteCleaner
+	needsContents
+}
+
+type needsContents struct{ pebble.ArchiveCleaner }
+
 // OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
 // nil (the OS filesystem) or a fault-injecting vfs.FS. onFatal receives
 // Pebble's fatal errors and must not return.
@@ -126,6 +144,7 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 		opts.FS = fs
 	}
 	opts.Cache = cache
+	opts.Cleaner = noRecycleCleaner{}
 	tune(opts, sizes)
 	if adjust != nil {
 		adjust(opts)

@@ -310,6 +310,12 @@ func DecodeKey(b []byte) (Key, error) {
 			if d.err == nil && k.RequestID == "" {
 				d.fail("empty request id")
 			}
+		case metaErasure:
+			k.Tenant = d.tenant()
+			k.RequestID = string(d.rest())
+			if d.err == nil && k.RequestID == "" {
+				d.fail("empty request id")
+			}
 		case metaDeliver:
 			n := int(d.byte())
 			k.Stream = string(d.take(n))

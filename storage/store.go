@@ -74,6 +74,7 @@ type Store struct {
 	tenants   map[string]bool
 
 	journals *Journals
+	erases   *Erases
 	stalls   *StallCounter
 	closed   atomic.Bool
 
@@ -160,6 +161,9 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 	if err := s.loadJournals(); err != nil {
 		return nil, err
 	}
+	if err := s.loadErases(); err != nil {
+		return nil, err
+	}
 	s.w = newWriter(opts.OnWriterTask, func() { s.committed.advance(s.clock.Last()) })
 	return s, nil
 }
@@ -194,6 +198,7 @@ func (s *Store) readHWM() (Ts, error) {
 		for _, r := range [][2][]byte{
 			func() [2][]byte { lo, hi := TenantRange(ksTxIdx, sc); return [2][]byte{lo, hi} }(),
 			func() [2][]byte { lo, hi := JobsInState(sc, CascadeJournalState); return [2][]byte{lo, hi} }(),
+			func() [2][]byte { lo, hi := JobsInState(sc, EraseJobState); return [2][]byte{lo, hi} }(),
 		} {
 			k, ok, err := lastKey(s.eng, r[0], r[1])
 			if err != nil {

@@ -363,8 +363,19 @@ func JournalJobID(node uuid.UUID, tx Ts) uuid.UUID {
 // re-derived at any time (node, tx, valid_end, provenance); the edges are
 // the node's, frozen by the fence (see JournalEntry).
 func (t *Txn) BeginJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance, fp Fingerprint) *JournalEntry {
+	return t.beginJournal(sc, Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, Fingerprint: fp})
+}
+
+// BeginQuietJournal is BeginJournal for the cascade of an erase_node: its
+// removal stores no receipt and no result (the erase answers its request).
+func (t *Txn) BeginQuietJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov Provenance, fp Fingerprint) *JournalEntry {
+	return t.beginJournal(sc, Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, Fingerprint: fp, Quiet: true})
+}
+
+func (t *Txn) beginJournal(sc Scope, j Journal) *JournalEntry {
 	t.touch(sc)
-	j := Journal{NodeID: node, ValidEnd: validEnd, Tx: tx, Prov: prov, CreatedAt: TsFromTime(t.s.clock.Wall().Now()), Fingerprint: fp}
+	node, tx := j.NodeID, j.Tx
+	j.CreatedAt = TsFromTime(t.s.clock.Wall().Now())
 	key := JobKey(sc, CascadeJournalState, 0, tx, JournalJobID(node, tx))
 	_ = t.b.Set(key, EncodeJournal(&j), nil)
 	e := newJournalEntry(sc, key, j)
@@ -395,7 +406,7 @@ func (t *Txn) RemoveJournal(e *JournalEntry, rc *Receipt) error {
 		lo, hi := JournalPagesRange(e.Scope, key.Priority, key.CreatedAt, key.JobID)
 		_ = t.b.DeleteRange(lo, hi, nil)
 	}
-	if req := e.J.Prov.RequestID; req != "" && rc != nil {
+	if req := e.J.Prov.RequestID; req != "" && rc != nil && !e.J.Quiet {
 		_ = t.b.Set(ReceiptKey(e.Scope, req), EncodeReceipt(rc), nil)
 		o := Outbox{RequestID: req, Receipt: *rc}
 		_ = t.b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)

@@ -46,8 +46,11 @@ type Version struct {
 	Valid     Interval
 	Tx        Interval
 	Tombstone bool
-	Props     []byte
-	Prov      Provenance
+	// Erased: the payload (props, actor, reason, source) was erased
+	// (storage/erase.go); everything liveness reads is unchanged.
+	Erased bool
+	Props  []byte
+	Prov   Provenance
 }
 
 // Other returns the endpoint of an edge version that is not n (n itself for

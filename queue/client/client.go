@@ -42,6 +42,9 @@ type Result struct {
 	TxTime          string `json:"tx_time"`
 	EdgesTombstoned uint64 `json:"edges_tombstoned"`
 	Journaled       bool   `json:"journaled"`
+	// VersionsErased: how many stored versions an erase_node or erase_edge
+	// rewrote (0 when everything was already erased); absent for other ops.
+	VersionsErased *uint64 `json:"versions_erased,omitempty"`
 	// RequestIDFrom is "nats_msg_id" when the body had no readable
 	// request_id and RequestID is the message's Nats-Msg-Id instead.
 	RequestIDFrom string `json:"request_id_from,omitempty"`

@@ -1,0 +1,330 @@
+package cascade
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Erasure (CONTRACT §3, "Erasure"; storage/erase.go for the records).
+//
+// erase_node and erase_edge commit like a tombstone: in the request's group
+// batch, the entity's tombstone when it is still live (erase_node: its
+// whole cascade, inline or journaled, exactly as tombstone_node, the
+// journal marked quiet so that it answers nothing itself) and the erase
+// head, the commit point. ApplyErase then waits for the node's journal, if
+// any, rewrites every version of the entity (and, for a node, of every
+// edge that ever touched it: its adjacency rows, which are never deleted,
+// name them all) with its payload erased, in chunks that each record the
+// progress in the head, scrubs the disk, and finishes: head deleted,
+// receipt, result outbox row and erasure record stored in one batch.
+
+// EraseSink takes erases once their head has committed.
+type EraseSink interface {
+	BeginErase(e *storage.EraseEntry)
+}
+
+// beginErase decides and writes an erase in the group's batch. It returns
+// the registered erase, or a refusal (err, a status sentinel), or nothing
+// at all (nil, 0, nil) when the erase does not fit the group.
+func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Fingerprint) (*storage.EraseEntry, storage.Ts, error) {
+	if r.RequestID == "" {
+		return nil, 0, fmt.Errorf("%w: %s needs a request id", ErrInvalid, r.Op)
+	}
+	if r.Prov.Reason == "" {
+		return nil, 0, fmt.Errorf("%w: %s needs provenance.reason", ErrInvalid, r.Op)
+	}
+	sc := r.Scope
+	var tx storage.Ts
+	if r.Op == storage.OpEraseNode {
+		latest, ok, err := t.Latest(sc, storage.KindNode, r.ID)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !ok {
+			return nil, 0, fmt.Errorf("%w: node %s", ErrNotFound, r.ID)
+		}
+		if !latest.Tombstone && t.Fenced(sc, r.ID) == nil {
+			// Still live: its cascade first, exactly as tombstone_node.
+			tr := *r
+			tr.Op = storage.OpTombstoneNode
+			d, err := o.decideNode(t, &tr, b)
+			if err != nil {
+				return nil, 0, err
+			}
+			d.fingerprint = fp
+			if !d.fits || !b.fits(r, 1) {
+				return nil, 0, nil
+			}
+			if d.journaled {
+				e := t.BeginQuietJournal(sc, r.ID, d.validEnd, d.tx, r.Prov, fp)
+				if o.sink != nil {
+					t.AfterCommit(func() { o.sink.Begin(e) })
+				}
+			} else {
+				o.writeNode(t, &tr, d)
+			}
+			tx = d.tx
+		} else if !b.fits(r, 1) {
+			return nil, 0, nil
+		}
+	} else {
+		latest, ok, err := t.Latest(sc, storage.KindEdge, r.ID)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !ok {
+			return nil, 0, fmt.Errorf("%w: edge %s", ErrNotFound, r.ID)
+		}
+		if !b.fits(r, storage.OpsPerEdgeVersion+1) {
+			return nil, 0, nil
+		}
+		if !latest.Tombstone {
+			if tx, err = o.tombstoneEdge(t, r); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	if tx == 0 {
+		tx = t.NextTx()
+	}
+	e := t.BeginErase(sc, storage.EraseJob{Op: r.Op, ID: r.ID, Tx: tx, Prov: r.Prov, Fingerprint: fp})
+	if o.eraseSink != nil {
+		t.AfterCommit(func() { o.eraseSink.BeginErase(e) })
+	}
+	return e, tx, nil
+}
+
+// EraseObserver sees an erase's progress (tests hold it between chunks).
+type EraseObserver struct {
+	// Chunk: n versions are erased and durable (after each chunk).
+	Chunk func(n uint64)
+}
+
+// ApplyErase finishes erase e (the first pass and a resume alike): it waits
+// for the node's cascade journal (applying it here when the engine has no
+// JournalSink), erases what is left, scrubs the disk and stores the
+// answer. It returns the request's receipt. Erases are applied one at a
+// time (package reaper keeps that rule).
+func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (storage.Receipt, error) {
+	sc, j := e.Scope, e.Job
+	if j.Op == storage.OpEraseNode {
+		for {
+			f := o.store.Journals().Fenced(sc, j.ID)
+			if f == nil {
+				break
+			}
+			if o.sink == nil {
+				if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
+					return storage.Receipt{}, fmt.Errorf("erase of node %s: its cascade: %w", j.ID, err)
+				}
+				continue
+			}
+			select {
+			case <-f.Removed():
+			case <-ctx.Done():
+				return storage.Receipt{}, ctx.Err()
+			}
+		}
+	}
+	head, ok, err := o.store.EraseHead(o.store.Reader(), e)
+	if err != nil {
+		return storage.Receipt{}, err
+	}
+	if !ok {
+		return storage.Receipt{}, fmt.Errorf("%w: erase %x", storage.ErrJournalGone, e.HeadKey)
+	}
+	if err := o.eraseVersions(ctx, e, &head, obs); err != nil {
+		return storage.Receipt{}, err
+	}
+	if _, err := o.scrub(ctx, sc); err != nil {
+		return storage.Receipt{}, err
+	}
+	// The receipt's tx: the erase's commit tx, or the entity's tombstone if
+	// a journal wrote it later (a read at tx_time sees the entity dead).
+	kind := storage.KindNode
+	if j.Op == storage.OpEraseEdge {
+		kind = storage.KindEdge
+	}
+	tx := j.Tx
+	if latest, ok, err := storage.Latest(o.store.Reader(), sc, kind, j.ID); err != nil {
+		return storage.Receipt{}, err
+	} else if ok && latest.Tx.Start > tx {
+		tx = latest.Tx.Start
+	}
+	rc := storage.Receipt{Op: j.Op, Status: storage.StatusOK, ID: j.ID, Tx: tx, VersionsErased: head.Versions, Fingerprint: j.Fingerprint}
+	rec := storage.EraseRecord{Op: j.Op, ID: j.ID, RequestID: j.Prov.RequestID, Actor: j.Prov.Actor, Reason: j.Prov.Reason, Source: j.Prov.Source,
+		Tx: j.Tx, RequestedAt: j.CreatedAt, FinishedAt: storage.TsFromTime(o.store.Clock().Wall().Now()), Versions: head.Versions, Digest: head.Digest}
+	if err := o.store.Update(ctx, func(t *storage.Txn) error { return t.FinishErase(e, &rc, &rec) }); err != nil {
+		return storage.Receipt{}, err
+	}
+	return rc, nil
+}
+
+// ResumeErases applies every erase in flight, oldest first (tests, tools;
+// package reaper does this in production).
+func (o *Ops) ResumeErases(ctx context.Context) (int, error) {
+	n := 0
+	for _, e := range o.store.Erases().List() {
+		if _, err := o.ApplyErase(ctx, e, EraseObserver{}); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// erasedVersion is one version to erase in the next chunk.
+type erasedVersion struct {
+	key []byte
+	v   storage.Version
+	raw []byte
+}
+
+// eraseVersions rewrites every version of the erase's target that is not
+// erased yet, in chunks of at most ChunkOps puts (plus the head).
+func (o *Ops) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *storage.EraseJob, obs EraseObserver) error {
+	snap := o.store.NewSnapshot()
+	defer snap.Close()
+	sc, j := e.Scope, e.Job
+	var chunk []erasedVersion
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		h := sha256.New()
+		for _, c := range chunk {
+			h.Write(c.key)
+			h.Write(c.raw)
+		}
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		next := *head
+		next.Versions += uint64(len(chunk))
+		next.Digest = storage.Chain(head.Digest, sum)
+		err := o.store.Update(ctx, func(t *storage.Txn) error {
+			for i := range chunk {
+				t.EraseVersion(chunk[i].key, &chunk[i].v)
+			}
+			t.ProgressErase(e, &next)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("erase of %s %s: %w", j.Op, j.ID, err)
+		}
+		*head = next
+		chunk = chunk[:0]
+		if obs.Chunk != nil {
+			obs.Chunk(head.Versions)
+		}
+		return nil
+	}
+	versions := func(kind storage.Kind, id uuid.UUID) error {
+		p := storage.VersionPrefix(sc, kind, id)
+		return scanRange(snap, p, storage.PrefixEnd(p), func(k, v []byte) error {
+			ver, err := storage.DecodeVersion(v)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrStorage, err)
+			}
+			if ver.Erased {
+				return nil
+			}
+			chunk = append(chunk, erasedVersion{key: append([]byte(nil), k...), v: ver, raw: append([]byte(nil), v...)})
+			if len(chunk) >= o.applier.chunkOps {
+				return flush()
+			}
+			return nil
+		})
+	}
+	if j.Op == storage.OpEraseEdge {
+		if err := versions(storage.KindEdge, j.ID); err != nil {
+			return err
+		}
+		return flush()
+	}
+	if err := versions(storage.KindNode, j.ID); err != nil {
+		return err
+	}
+	// Every edge that ever touched the node: its out rows, then its in rows
+	// (a self-loop's in row is skipped: its out row took it). Rows of one
+	// edge are adjacent (edge id, then tx, valid), so one "last" suffices.
+	for _, out := range []bool{true, false} {
+		p := storage.AdjPrefix(sc, out, j.ID)
+		var last uuid.UUID
+		err := scanRange(snap, p, storage.PrefixEnd(p), func(k, v []byte) error {
+			key, err := storage.DecodeKey(k)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrStorage, err)
+			}
+			if key.ID == last {
+				return nil
+			}
+			last = key.ID
+			if !out {
+				row, err := storage.DecodeAdj(v)
+				if err != nil {
+					return fmt.Errorf("%w: %w", ErrStorage, err)
+				}
+				if row.Other == j.ID {
+					return nil
+				}
+			}
+			return versions(storage.KindEdge, key.ID)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return flush()
+}
+
+// scanRange calls fn for every key in [lo, hi) of r.
+func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		if err := fn(it.Key(), v); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// scrub makes the erased bytes leave the disk (storage.Store.Scrub). A
+// snapshot older than the erase's writes would keep the old values through
+// the compaction, so it first waits until no snapshot is open (journal
+// appliers hold one while they run).
+func (o *Ops) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubStats, error) {
+	for {
+		if o.store.Engine().Metrics().Snapshots.Count == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return storage.ScrubStats{}, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	st, err := o.store.Scrub(ctx, sc)
+	if err == nil && o.hooks.EraseScrubbed != nil {
+		o.hooks.EraseScrubbed(st)
+	}
+	return st, err
+}

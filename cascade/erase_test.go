@@ -1,0 +1,327 @@
+package cascade
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Erasure (CONTRACT §3, "Erasure"): I4, the disk, and crashes.
+
+var why = storage.Provenance{Actor: "dpo@example", Reason: "GDPR art. 17 request 2026-118", DecidedAt: storage.NoTs}
+
+// eraseGraph is a random history of one tenant: nodes and edges whose
+// props carry a marker, some deleted, a hub above MaxBatchOps (its cascade
+// journaled), some versions re-put over other valid ranges.
+type eraseGraph struct {
+	sc     storage.Scope
+	nodes  []uuid.UUID
+	edges  []uuid.UUID
+	hub    uuid.UUID
+	marker string
+}
+
+func buildEraseGraph(t *testing.T, e *env, rng *rand.Rand, marker string) *eraseGraph {
+	t.Helper()
+	g := &eraseGraph{sc: storage.MustScope("gdpr"), marker: marker}
+	props := func(i int) []byte { return []byte(fmt.Sprintf(`{"name":"%s-%d"}`, marker, i)) }
+	put := func(id uuid.UUID, i int) {
+		from, to := storage.NoTs, storage.NoTs
+		if rng.IntN(3) == 0 {
+			from, to = year(2000+rng.IntN(10)), year(2015+rng.IntN(10))
+		}
+		if _, err := e.ops.PutNode(ctx, g.sc, storage.NodeWrite{ID: id, ValidFrom: from, ValidTo: to, Props: props(i), Prov: storage.Provenance{Actor: marker + "-actor", Reason: marker + "-why", Source: marker + "-src", DecidedAt: storage.NoTs}}); err != nil {
+			t.Fatalf("put node: %v", err)
+		}
+	}
+	putEdge := func(id, src, dst uuid.UUID, i int) bool {
+		_, err := e.ops.PutEdge(ctx, g.sc, storage.EdgeWrite{ID: id, Src: src, Dst: dst, Label: "knows", ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: props(i), Prov: storage.Provenance{Actor: marker + "-actor", DecidedAt: storage.NoTs}})
+		return err == nil
+	}
+	for i := 0; i < 24; i++ {
+		id := detUUID(rng)
+		g.nodes = append(g.nodes, id)
+		put(id, i)
+		if rng.IntN(4) == 0 {
+			put(id, 100+i) // a second version
+		}
+	}
+	g.hub = g.nodes[0]
+	for i := 0; i < 30; i++ { // the hub: 30 edges x 5 puts > MaxBatchOps 60
+		id := detUUID(rng)
+		if putEdge(id, g.hub, g.nodes[1+rng.IntN(len(g.nodes)-1)], 200+i) {
+			g.edges = append(g.edges, id)
+		}
+	}
+	for i := 0; i < 50; i++ {
+		id := detUUID(rng)
+		if putEdge(id, g.nodes[1+rng.IntN(len(g.nodes)-1)], g.nodes[1+rng.IntN(len(g.nodes)-1)], 300+i) {
+			g.edges = append(g.edges, id)
+		}
+	}
+	for i := 0; i < 8; i++ { // some deaths before the erases
+		if _, err := e.ops.TombstoneEdge(ctx, g.sc, g.edges[rng.IntN(len(g.edges))], storage.NoTs, anon); err != nil && !errors.Is(err, ErrAlreadyTombstoned) {
+			t.Fatalf("tombstone edge: %v", err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := e.ops.TombstoneNode(ctx, g.sc, g.nodes[1+rng.IntN(len(g.nodes)-1)], storage.NoTs, anon); err != nil && !errors.Is(err, ErrAlreadyTombstoned) {
+			t.Fatalf("tombstone node: %v", err)
+		}
+	}
+	return g
+}
+
+// liveness is every liveness answer of the graph at the coordinates, read
+// through every read path (point reads, edge walks, the valid-time index,
+// history), as text: payloads left out.
+func liveness(t *testing.T, s *storage.Store, g *eraseGraph, coords [][2]storage.Ts, upTo storage.Ts) string {
+	t.Helper()
+	r := s.Reader()
+	var b strings.Builder
+	shape := func(v *storage.Version) string {
+		return fmt.Sprintf("%s %s>%s %s v%v t%v x%v", v.ID, v.Src, v.Dst, v.Label, v.Valid, v.Tx, v.Tombstone)
+	}
+	for _, c := range coords {
+		fmt.Fprintf(&b, "@%v\n", c)
+		for _, k := range []storage.Kind{storage.KindNode, storage.KindEdge} {
+			ids := g.nodes
+			if k == storage.KindEdge {
+				ids = g.edges
+			}
+			for _, id := range ids {
+				v, ok, err := storage.AsOf(r, g.sc, k, id, c[0], c[1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok {
+					fmt.Fprintf(&b, " %s\n", shape(&v))
+				}
+			}
+			live, err := storage.LiveAt(r, g.sc, k, c[0], c[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range live {
+				fmt.Fprintf(&b, " live %s\n", shape(&live[i]))
+			}
+		}
+		for _, n := range g.nodes {
+			es, err := storage.EdgesOf(r, g.sc, n, storage.DirBoth, c[0], c[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range es {
+				fmt.Fprintf(&b, " %s~%s\n", n, shape(&es[i]))
+			}
+		}
+	}
+	for _, k := range []storage.Kind{storage.KindNode, storage.KindEdge} {
+		ids := g.nodes
+		if k == storage.KindEdge {
+			ids = g.edges
+		}
+		for _, id := range ids {
+			hs, err := storage.History(r, g.sc, k, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range hs {
+				if hs[i].Tx.Start <= upTo { // the erases' own tombstones come later
+					fmt.Fprintf(&b, "h %s\n", shape(&hs[i]))
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+func randomCoords(rng *rand.Rand, s *storage.Store, n int) [][2]storage.Ts {
+	last := s.Clock().Last()
+	first := storage.TsFromTime(t0)
+	out := [][2]storage.Ts{{storage.TsFromTime(t0), last}, {year(2010), last}}
+	for len(out) < n {
+		v := []storage.Ts{year(1990 + rng.IntN(40)), first + storage.Ts(rng.Int64N(int64(last-first)+1))}[rng.IntN(2)]
+		tx := first + storage.Ts(rng.Int64N(int64(last-first)+1))
+		out = append(out, [2]storage.Ts{v, tx})
+	}
+	return out
+}
+
+// erase applies one erase request and, since the env has no sinks, the
+// erase itself; it returns the receipt.
+func (e *env) erase(sc storage.Scope, op storage.Op, id uuid.UUID, rid string) storage.Receipt {
+	e.t.Helper()
+	out, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: op, ID: id, RequestID: rid, ValidEnd: storage.NoTs, Prov: why}})
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", op, id, err)
+	}
+	switch oc := out[0]; oc.Kind {
+	case Erasing:
+		rc, err := e.ops.ApplyErase(ctx, oc.Erase, EraseObserver{})
+		if err != nil {
+			e.t.Fatalf("apply %s %s: %v", op, id, err)
+		}
+		return rc
+	case Answered:
+		return oc.Receipt
+	default:
+		e.t.Fatalf("%s %s: outcome %+v", op, id, oc)
+	}
+	return storage.Receipt{}
+}
+
+// markerFiles lists the files under dir that contain marker, byte by byte.
+func markerFiles(t *testing.T, dir, marker string) []string {
+	t.Helper()
+	var hits []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte(marker)) {
+			hits = append(hits, filepath.Base(p))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hits
+}
+
+// TestEraseKeepsLiveness is I4 on random graphs: liveness at many random
+// coordinates through every read path is identical before and after
+// erasing random nodes (live and dead, the journaled hub among them) and
+// edges; every version of an erased entity, and of every edge that ever
+// touched an erased node, is erased (props {}, actor/reason/source empty)
+// and no other version is; a second erase is ok with zero versions; and
+// no file under the data directory holds the marker any more.
+func TestEraseKeepsLiveness(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 15))
+			e := openEnv(t, "", Options{MaxBatchOps: 60, ChunkOps: 20})
+			marker := fmt.Sprintf("MARKER%016x", rng.Uint64())
+			g := buildEraseGraph(t, e, rng, marker)
+			coords := randomCoords(rng, e.store, 40)
+			upTo := e.store.Clock().Last()
+			before := liveness(t, e.store, g, coords, upTo)
+
+			if hits := markerFiles(t, e.dir, marker); len(hits) == 0 {
+				t.Fatal("the marker is on no file before the erases: the disk check below would prove nothing")
+			}
+			erasedNodes := map[uuid.UUID]bool{g.hub: true}
+			for len(erasedNodes) < len(g.nodes) {
+				erasedNodes[g.nodes[rng.IntN(len(g.nodes))]] = true
+				if rng.IntN(3) == 0 {
+					break
+				}
+			}
+			erasedEdges := map[uuid.UUID]bool{}
+			for i := 0; i < 6; i++ {
+				erasedEdges[g.edges[rng.IntN(len(g.edges))]] = true
+			}
+			var total uint64
+			i := 0
+			for n := range erasedNodes {
+				rc := e.erase(g.sc, storage.OpEraseNode, n, fmt.Sprintf("erase-n-%d", i))
+				if rc.Status != storage.StatusOK {
+					t.Fatalf("erase_node %s: %s", n, rc.Status)
+				}
+				total += rc.VersionsErased
+				i++
+			}
+			for ed := range erasedEdges {
+				rc := e.erase(g.sc, storage.OpEraseEdge, ed, fmt.Sprintf("erase-e-%d", i))
+				if rc.Status != storage.StatusOK {
+					t.Fatalf("erase_edge %s: %s", ed, rc.Status)
+				}
+				total += rc.VersionsErased
+				i++
+			}
+			after := liveness(t, e.store, g, coords, upTo)
+			if before != after {
+				t.Fatalf("I4: liveness changed by the erases\n%s", firstDiff(before, after))
+			}
+
+			// Exactly the right versions are erased.
+			touched := map[uuid.UUID]bool{}
+			for ed := range erasedEdges {
+				touched[ed] = true
+			}
+			var erased uint64
+			for _, k := range []storage.Kind{storage.KindNode, storage.KindEdge} {
+				ids := g.nodes
+				if k == storage.KindEdge {
+					ids = g.edges
+				}
+				for _, id := range ids {
+					hs, err := storage.History(e.store.Reader(), g.sc, k, id)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, v := range hs {
+						want := (k == storage.KindNode && erasedNodes[id]) || (k == storage.KindEdge && (touched[id] || erasedNodes[v.Src] || erasedNodes[v.Dst]))
+						if v.Erased != want {
+							t.Fatalf("%s %s at tx %s: erased %v, want %v", k, id, v.Tx.Start, v.Erased, want)
+						}
+						if want {
+							erased++
+							if string(v.Props) != "{}" || v.Prov.Actor != "" || v.Prov.Reason != "" || v.Prov.Source != "" {
+								t.Fatalf("%s %s erased but holds %s %+v", k, id, v.Props, v.Prov)
+							}
+						} else if !v.Tombstone && !strings.Contains(string(v.Props), marker) {
+							t.Fatalf("%s %s not erased but its props are %s", k, id, v.Props)
+						}
+					}
+				}
+			}
+			// Versions written before the erase count once; tombstones the
+			// erases wrote themselves count too.
+			if total != erased {
+				t.Fatalf("receipts say %d versions erased, the store holds %d erased versions", total, erased)
+			}
+			if rc := e.erase(g.sc, storage.OpEraseNode, g.hub, "erase-again"); rc.Status != storage.StatusOK || rc.VersionsErased != 0 {
+				t.Fatalf("second erase of the hub: %+v, want ok with 0 versions", rc)
+			}
+			if rec, ok, err := storage.GetErasure(e.store.Reader(), g.sc, "erase-n-0"); err != nil || !ok || rec.Reason != why.Reason || rec.Versions == 0 {
+				t.Fatalf("erasure record: %+v %v %v", rec, ok, err)
+			}
+
+			// The markers of erased entities left the disk. (Entities not
+			// erased still hold it, so look for an erased one's own props.)
+			for n := range erasedNodes {
+				idx := slices.Index(g.nodes, n)
+				own := fmt.Sprintf(`"%s-%d"`, marker, idx)
+				if hits := markerFiles(t, e.dir, own); len(hits) > 0 {
+					t.Fatalf("erased node %s's props %s still in %v", n, own, hits)
+				}
+			}
+		})
+	}
+}
+
+func firstDiff(a, b string) string {
+	la, lb := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range min(len(la), len(lb)) {
+		if la[i] != lb[i] {
+			return fmt.Sprintf("line %d:\n- %s\n+ %s", i, la[i], lb[i])
+		}
+	}
+	return fmt.Sprintf("lengths %d and %d", len(la), len(lb))
+}

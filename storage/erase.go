@@ -1,0 +1,411 @@
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+)
+
+// Erasure (CONTRACT §3, "Erasure"): the one operation that rewrites stored
+// versions. An erased version keeps its key and everything liveness reads
+// (ids, endpoints, label, intervals, tombstone flag, request id, decided
+// at); its props become "{}" and its free-text provenance (actor, reason,
+// source) empty, and it carries the erased flag. The set of keys never
+// changes, so liveness at every (valid, tx) is the same before and after
+// (invariant I4).
+//
+// An erase is journaled like a cascade: its head (jobs state 0xC2) is the
+// commit point, written in the request's group batch together with the
+// tombstone that kills the entity if it was still live; an eraser then
+// rewrites the versions chunk by chunk (each chunk also records the
+// progress in the head), scrubs the disk (Scrub) and finishes in one batch
+// that deletes the head and stores the receipt, the result outbox row and
+// the erasure record. Rewriting an erased version is a no-op, so a resumed
+// erase converges.
+
+const (
+	// EraseJobState is the jobs state byte of erase heads.
+	EraseJobState byte = 0xC2
+	metaErasure   byte = 0x06
+
+	// flagErased marks an erased version (version flags).
+	flagErased byte = 1 << 4
+	// flagQuiet marks a journal that answers no request of its own: the
+	// tombstone cascade of an erase_node (journal flags).
+	flagQuiet byte = 1 << 4
+	// flagVersionsErased: a receipt carries versions_erased (receipt flags).
+	flagVersionsErased byte = 1 << 4
+)
+
+// EraseJob is an erase head: what to erase, for whom, and how far it got.
+type EraseJob struct {
+	Op          Op // OpEraseNode or OpEraseEdge
+	ID          uuid.UUID
+	Tx          Ts         // the erase's commit tx (its receipt's tx_time)
+	Prov        Provenance // who asked and why; RequestID is the request to answer
+	CreatedAt   Ts         // wall clock at the commit point
+	Fingerprint Fingerprint
+	Versions    uint64   // versions erased so far
+	Digest      [32]byte // running digest of what was erased so far (see Chain)
+}
+
+// EraseRecord is what stays of an erase: who asked, why, when, how many
+// versions, and a digest of the erased payloads (never the payloads).
+type EraseRecord struct {
+	Op                      Op
+	ID                      uuid.UUID
+	RequestID               string
+	Actor, Reason, Source   string
+	Tx                      Ts // the erase's commit tx
+	RequestedAt, FinishedAt Ts // wall clock
+	Versions                uint64
+	Digest                  [32]byte
+}
+
+// Chain folds a chunk's digest into a running digest: SHA-256(prev ||
+// chunk). A resumed erase continues the chain from its head.
+func Chain(prev [32]byte, chunk [32]byte) [32]byte {
+	var b [64]byte
+	copy(b[:32], prev[:])
+	copy(b[32:], chunk[:])
+	return sha256.Sum256(b[:])
+}
+
+// EraseJobKey is the key of an erase head (job id: a hash of the request id).
+func EraseJobKey(s Scope, tx Ts, requestID string) []byte {
+	return JobKey(s, EraseJobState, 0, tx, uuid.NewSHA1(uuid.NameSpaceOID, []byte(requestID)))
+}
+
+// ErasureKey is the key of a request's erasure record.
+func ErasureKey(s Scope, requestID string) []byte {
+	b := []byte{ksMeta, metaErasure}
+	b = appendTenant(b, s)
+	return append(b, requestID...)
+}
+
+// EncodeEraseJob encodes an erase head.
+func EncodeEraseJob(j *EraseJob) []byte {
+	e := enc{b: make([]byte, 0, 160)}
+	e.byte(FormatVersion)
+	e.byte(byte(j.Op))
+	var flags byte
+	if j.Prov.DecidedAt != NoTs {
+		flags |= flagDecidedAt
+	}
+	e.byte(flags)
+	e.uuid(j.ID)
+	e.i64(int64(j.Tx))
+	e.i64(int64(j.CreatedAt))
+	e.prov(j.Prov)
+	if flags&flagDecidedAt != 0 {
+		e.i64(int64(j.Prov.DecidedAt))
+	}
+	e.b = append(e.b, j.Fingerprint[:]...)
+	e.uvar(j.Versions)
+	e.b = append(e.b, j.Digest[:]...)
+	return e.b
+}
+
+// DecodeEraseJob decodes an erase head.
+func DecodeEraseJob(b []byte) (EraseJob, error) {
+	d := dec{b: b}
+	var j EraseJob
+	d.header("erase head")
+	j.Op = Op(d.byte())
+	flags := d.byte()
+	if d.err == nil && j.Op != OpEraseNode && j.Op != OpEraseEdge {
+		d.fail("bad op %d", j.Op)
+	}
+	if d.err == nil && flags&^flagDecidedAt != 0 {
+		d.fail("unknown flags %#x", flags)
+	}
+	j.ID = d.uuid()
+	j.Tx = Ts(d.i64())
+	j.CreatedAt = Ts(d.i64())
+	d.prov(&j.Prov)
+	j.Prov.DecidedAt = NoTs
+	if flags&flagDecidedAt != 0 {
+		j.Prov.DecidedAt = Ts(d.i64())
+	}
+	copy(j.Fingerprint[:], d.take(16))
+	j.Versions = d.uvar()
+	copy(j.Digest[:], d.take(32))
+	if err := d.finish("erase head"); err != nil {
+		return EraseJob{}, err
+	}
+	return j, nil
+}
+
+// EncodeEraseRecord encodes an erasure record.
+func EncodeEraseRecord(r *EraseRecord) []byte {
+	e := enc{b: make([]byte, 0, 128)}
+	e.byte(FormatVersion)
+	e.byte(byte(r.Op))
+	e.uuid(r.ID)
+	e.i64(int64(r.Tx))
+	e.i64(int64(r.RequestedAt))
+	e.i64(int64(r.FinishedAt))
+	e.uvar(r.Versions)
+	e.b = append(e.b, r.Digest[:]...)
+	e.str(r.RequestID)
+	e.str(r.Actor)
+	e.str(r.Reason)
+	e.str(r.Source)
+	return e.b
+}
+
+// DecodeEraseRecord decodes an erasure record.
+func DecodeEraseRecord(b []byte) (EraseRecord, error) {
+	d := dec{b: b}
+	var r EraseRecord
+	d.header("erasure record")
+	r.Op = Op(d.byte())
+	if d.err == nil && r.Op != OpEraseNode && r.Op != OpEraseEdge {
+		d.fail("bad op %d", r.Op)
+	}
+	r.ID = d.uuid()
+	r.Tx = Ts(d.i64())
+	r.RequestedAt = Ts(d.i64())
+	r.FinishedAt = Ts(d.i64())
+	r.Versions = d.uvar()
+	copy(r.Digest[:], d.take(32))
+	r.RequestID = d.str()
+	r.Actor = d.str()
+	r.Reason = d.str()
+	r.Source = d.str()
+	if err := d.finish("erasure record"); err != nil {
+		return EraseRecord{}, err
+	}
+	return r, nil
+}
+
+// GetErasure reads a request's erasure record.
+func GetErasure(r pebble.Reader, sc Scope, requestID string) (EraseRecord, bool, error) {
+	v, ok, err := getValue(r, ErasureKey(sc, requestID))
+	if err != nil || !ok {
+		return EraseRecord{}, false, err
+	}
+	rec, err := DecodeEraseRecord(v)
+	if err != nil {
+		return EraseRecord{}, false, fmt.Errorf("erasure record of %q: %w", requestID, err)
+	}
+	return rec, true, nil
+}
+
+// EraseEntry is a registered erase in flight.
+type EraseEntry struct {
+	Scope   Scope
+	HeadKey []byte
+	Job     EraseJob // as committed at the commit point (progress is in the store)
+	removed chan struct{}
+}
+
+// Removed is closed when the erase has finished (its head deleted).
+func (e *EraseEntry) Removed() <-chan struct{} { return e.removed }
+
+// Erases is the in-memory registry of erases in flight (loaded at open).
+type Erases struct {
+	mu sync.Mutex
+	m  map[string]*EraseEntry // tenant \x00 request id
+}
+
+func eraseIndex(sc Scope, requestID string) string { return sc.Tenant() + "\x00" + requestID }
+
+// ByRequest returns the erase in flight of a request id, if any.
+func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[eraseIndex(sc, requestID)]
+}
+
+// List returns every erase in flight, oldest commit first.
+func (r *Erases) List() []*EraseEntry {
+	r.mu.Lock()
+	out := make([]*EraseEntry, 0, len(r.m))
+	for _, e := range r.m {
+		out = append(out, e)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b *EraseEntry) int {
+		if a.Job.Tx != b.Job.Tx {
+			return cmpTs(a.Job.Tx, b.Job.Tx)
+		}
+		return slices.Compare(a.HeadKey, b.HeadKey)
+	})
+	return out
+}
+
+func cmpTs(a, b Ts) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (r *Erases) add(e *EraseEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[eraseIndex(e.Scope, e.Job.Prov.RequestID)] = e
+}
+
+func (r *Erases) remove(e *EraseEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m[eraseIndex(e.Scope, e.Job.Prov.RequestID)] == e {
+		delete(r.m, eraseIndex(e.Scope, e.Job.Prov.RequestID))
+	}
+}
+
+// Erases returns the registry of erases in flight.
+func (s *Store) Erases() *Erases { return s.erases }
+
+func (s *Store) loadErases() error {
+	s.erases = &Erases{m: map[string]*EraseEntry{}}
+	for _, sc := range s.Tenants() {
+		lo, hi := JobsInState(sc, EraseJobState)
+		err := scan(s.eng, lo, hi, func(k, v []byte) error {
+			j, err := DecodeEraseJob(v)
+			if err != nil {
+				// Not silently dropped: the store refuses to open, the operator
+				// sees the key (an erase must not be forgotten).
+				return fmt.Errorf("erase head %x: %w", k, err)
+			}
+			s.erases.add(&EraseEntry{Scope: sc, HeadKey: append([]byte(nil), k...), Job: j, removed: make(chan struct{})})
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EraseHead reads an erase's head as it stands now (its progress).
+func (s *Store) EraseHead(r pebble.Reader, e *EraseEntry) (EraseJob, bool, error) {
+	v, ok, err := getValue(r, e.HeadKey)
+	if err != nil || !ok {
+		return EraseJob{}, false, err
+	}
+	j, err := DecodeEraseJob(v)
+	return j, err == nil, err
+}
+
+// BeginErase writes an erase head (the erase's commit point once the
+// transaction commits) and registers it.
+func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
+	t.touch(sc)
+	j.CreatedAt = TsFromTime(t.s.clock.Wall().Now())
+	key := EraseJobKey(sc, j.Tx, j.Prov.RequestID)
+	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
+	e := &EraseEntry{Scope: sc, HeadKey: key, Job: j, removed: make(chan struct{})}
+	t.s.erases.add(e)
+	t.OnRollback(func() { t.s.erases.remove(e) })
+	return e
+}
+
+// ProgressErase records an erase's progress in its head (same batch as the
+// versions it erased).
+func (t *Txn) ProgressErase(e *EraseEntry, j *EraseJob) {
+	_ = t.b.Set(e.HeadKey, EncodeEraseJob(j), nil)
+}
+
+// EraseVersion rewrites one stored version, under its own key, with its
+// payload erased (props "{}", actor, reason and source empty, the erased
+// flag). The key, and so every index and adjacency row, stays.
+func (t *Txn) EraseVersion(key []byte, v *Version) {
+	w := *v
+	w.Erased = true
+	w.Props = []byte("{}")
+	w.Prov.Actor, w.Prov.Reason, w.Prov.Source = "", "", ""
+	_ = t.b.Set(key, EncodeVersion(&w), nil)
+}
+
+// FinishErase deletes an erase's head and stores, in the same batch, its
+// request's receipt, result outbox row and erasure record.
+func (t *Txn) FinishErase(e *EraseEntry, rc *Receipt, rec *EraseRecord) error {
+	if t.s.erases.ByRequest(e.Scope, e.Job.Prov.RequestID) != e {
+		return fmt.Errorf("%w: erase %x", ErrJournalGone, e.HeadKey)
+	}
+	key, err := DecodeKey(e.HeadKey)
+	if err != nil {
+		return err
+	}
+	req := e.Job.Prov.RequestID
+	_ = t.b.Delete(e.HeadKey, nil)
+	_ = t.b.Set(ReceiptKey(e.Scope, req), EncodeReceipt(rc), nil)
+	o := Outbox{RequestID: req, Receipt: *rc}
+	_ = t.b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)
+	_ = t.b.Set(ErasureKey(e.Scope, req), EncodeEraseRecord(rec), nil)
+	t.AfterCommit(func() {
+		t.s.erases.remove(e)
+		close(e.removed)
+	})
+	return nil
+}
+
+// ScrubStats says what a scrub did.
+type ScrubStats struct {
+	Flushed      bool
+	Compactions  int
+	WALsDeleted  int64
+	Took         time.Duration
+	ObsoleteLeft int64
+}
+
+// ErrScrub: the data directory could not be proven free of erased bytes in
+// time (an open snapshot or iterator kept an old file alive).
+var ErrScrub = errors.New("scrub incomplete")
+
+// Scrub makes erased bytes leave the disk: it flushes the memtables (the
+// WAL files that held the old values become obsolete and are deleted: the
+// store opens Pebble without WAL recycling, see OpenPebble), compacts the
+// tenant's node and edge version keyspaces to the bottom level (dropping
+// every shadowed version; no snapshot may be open, see below), and waits
+// until Pebble has deleted every obsolete table and WAL file. A snapshot
+// older than the erase would keep the old values in the compacted tables,
+// so the caller runs it with no journal applier (the only snapshot
+// holders) in flight.
+func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
+	start := time.Now()
+	var st ScrubStats
+	if err := s.eng.Flush(); err != nil {
+		return st, fmt.Errorf("%w: flush: %w", ErrStorage, err)
+	}
+	st.Flushed = true
+	for _, space := range []byte{ksNode, ksEdge} {
+		lo, hi := TenantRange(space, sc)
+		if err := s.eng.Compact(ctx, lo, hi, true); err != nil {
+			return st, fmt.Errorf("%w: compact: %w", ErrStorage, err)
+		}
+		st.Compactions++
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m := s.eng.Metrics()
+		left := int64(m.Table.ObsoleteCount) + int64(m.Table.ZombieCount) + m.WAL.ObsoleteFiles
+		st.ObsoleteLeft = left
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return st, fmt.Errorf("%w: %d obsolete files still on disk after 30s", ErrScrub, left)
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	st.Took = time.Since(start)
+	return st, nil
+}
