@@ -3,8 +3,10 @@ package cascade
 import (
 	"context"
 	"crypto/sha256"
+	"encoding"
 	"errors"
 	"fmt"
+	"hash"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -158,9 +160,15 @@ func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseOb
 	} else if ok && latest.Tx.Start > tx {
 		tx = latest.Tx.Start
 	}
+	digest, err := eraseHash(head.HashState)
+	if err != nil {
+		return storage.Receipt{}, err
+	}
+	var sum [32]byte
+	copy(sum[:], digest.Sum(nil))
 	rc := storage.Receipt{Op: j.Op, Status: storage.StatusOK, ID: j.ID, Tx: tx, VersionsErased: head.Versions, Fingerprint: j.Fingerprint}
 	rec := storage.EraseRecord{Op: j.Op, ID: j.ID, RequestID: j.Prov.RequestID, Actor: j.Prov.Actor, Reason: j.Prov.Reason, Source: j.Prov.Source,
-		Tx: j.Tx, RequestedAt: j.CreatedAt, FinishedAt: storage.TsFromTime(o.store.Clock().Wall().Now()), Versions: head.Versions, Digest: head.Digest}
+		Tx: j.Tx, RequestedAt: j.CreatedAt, FinishedAt: storage.TsFromTime(o.store.Clock().Wall().Now()), Versions: head.Versions, Digest: sum}
 	if err := o.store.Update(ctx, func(t *storage.Txn) error { return t.FinishErase(e, &rc, &rec) }); err != nil {
 		return storage.Receipt{}, err
 	}
@@ -194,21 +202,26 @@ func (o *Ops) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *st
 	defer snap.Close()
 	sc, j := e.Scope, e.Job
 	var chunk []erasedVersion
+	h, err := eraseHash(head.HashState)
+	if err != nil {
+		return err
+	}
 	flush := func() error {
 		if len(chunk) == 0 {
 			return nil
 		}
-		h := sha256.New()
 		for _, c := range chunk {
 			h.Write(c.key)
 			h.Write(c.raw)
 		}
-		var sum [32]byte
-		copy(sum[:], h.Sum(nil))
+		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
+		if err != nil {
+			return err
+		}
 		next := *head
 		next.Versions += uint64(len(chunk))
-		next.Digest = storage.Chain(head.Digest, sum)
-		err := o.store.Update(ctx, func(t *storage.Txn) error {
+		next.HashState = state
+		err = o.store.Update(ctx, func(t *storage.Txn) error {
 			for i := range chunk {
 				t.EraseVersion(chunk[i].key, &chunk[i].v)
 			}
@@ -282,6 +295,17 @@ func (o *Ops) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *st
 		}
 	}
 	return flush()
+}
+
+// eraseHash returns the running SHA-256 of an erase, resumed from state.
+func eraseHash(state []byte) (hash.Hash, error) {
+	h := sha256.New()
+	if len(state) > 0 {
+		if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); err != nil {
+			return nil, fmt.Errorf("%w: erase hash state: %w", ErrDecode, err)
+		}
+	}
+	return h, nil
 }
 
 // scanRange calls fn for every key in [lo, hi) of r.

@@ -325,3 +325,68 @@ func firstDiff(a, b string) string {
 	}
 	return fmt.Sprintf("lengths %d and %d", len(la), len(lb))
 }
+
+// TestEraseCrashAtEveryDurableCall: an erase_node of the journaled hub and
+// an erase_edge, crashed after each of their durable calls in turn (the
+// group commit with the heads, every chunk of the hub's cascade, every
+// chunk of the erase, the finish), then restarted, the requests redelivered
+// and the erases resumed: the store converges on the bytes of the run that
+// did not crash (receipts, erasure records and their digests included).
+func TestEraseCrashAtEveryDurableCall(t *testing.T) {
+	opts := Options{MaxBatchOps: 60, ChunkOps: 20}
+	run := func(e *env) *eraseGraph {
+		g := buildEraseGraph(t, e, rand.New(rand.NewPCG(7, 7)), "CRASHMARK")
+		return g
+	}
+	reqs := func(g *eraseGraph) []Request {
+		return []Request{
+			{Scope: g.sc, Op: storage.OpEraseNode, ID: g.hub, RequestID: "erase-hub", ValidEnd: storage.NoTs, Prov: why},
+			{Scope: g.sc, Op: storage.OpEraseEdge, ID: g.edges[len(g.edges)-1], RequestID: "erase-edge", ValidEnd: storage.NoTs, Prov: why},
+		}
+	}
+	finish := func(e *env, g *eraseGraph) error {
+		for _, r := range reqs(g) {
+			out, _, err := e.ops.Apply(ctx, []Request{r})
+			if err != nil {
+				return err
+			}
+			if out[0].Kind == Erasing {
+				if _, err := e.ops.ApplyErase(ctx, out[0].Erase, EraseObserver{}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	ref := openEnv(t, "", opts)
+	g := run(ref)
+	c0 := ref.fault.Calls()
+	if err := finish(ref, g); err != nil {
+		t.Fatal(err)
+	}
+	calls := ref.fault.Calls() - c0
+	if calls < 8 {
+		t.Fatalf("the erases took %d durable calls; the test wants a journaled cascade and several erase chunks", calls)
+	}
+	for k := 0; k < calls; k++ {
+		e := openEnv(t, "", opts)
+		g := run(e)
+		e.fault.CrashAfter(e.fault.Calls() + k)
+		if err := finish(e, g); !errors.Is(err, storage.ErrInjected) {
+			t.Fatalf("crash after call %d of %d: %v, want the injected crash", k, calls, err)
+		}
+		e.restart()
+		if _, err := e.ops.ResumeErases(ctx); err != nil {
+			t.Fatalf("crash after call %d: resume: %v", k, err)
+		}
+		if err := finish(e, g); err != nil { // the queue redelivers both requests
+			t.Fatalf("crash after call %d: redelivery: %v", k, err)
+		}
+		if n := len(e.store.Erases().List()); n != 0 {
+			t.Fatalf("crash after call %d: %d erases left in flight", k, n)
+		}
+		sameContents(t, ref.store, e.store)
+		e.close()
+	}
+	t.Logf("converged after a crash at each of %d durable calls", calls)
+}

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -52,8 +51,12 @@ type EraseJob struct {
 	Prov        Provenance // who asked and why; RequestID is the request to answer
 	CreatedAt   Ts         // wall clock at the commit point
 	Fingerprint Fingerprint
-	Versions    uint64   // versions erased so far
-	Digest      [32]byte // running digest of what was erased so far (see Chain)
+	Versions    uint64 // versions erased so far
+	// HashState is the SHA-256 state (its MarshalBinary) over what was
+	// erased so far: every erased version's key and old value, in scan
+	// order. A resumed erase continues it, so the final digest does not
+	// depend on where chunks (or crashes) fell.
+	HashState []byte
 }
 
 // EraseRecord is what stays of an erase: who asked, why, when, how many
@@ -67,15 +70,6 @@ type EraseRecord struct {
 	RequestedAt, FinishedAt Ts // wall clock
 	Versions                uint64
 	Digest                  [32]byte
-}
-
-// Chain folds a chunk's digest into a running digest: SHA-256(prev ||
-// chunk). A resumed erase continues the chain from its head.
-func Chain(prev [32]byte, chunk [32]byte) [32]byte {
-	var b [64]byte
-	copy(b[:32], prev[:])
-	copy(b[32:], chunk[:])
-	return sha256.Sum256(b[:])
 }
 
 // EraseJobKey is the key of an erase head (job id: a hash of the request id).
@@ -109,7 +103,7 @@ func EncodeEraseJob(j *EraseJob) []byte {
 	}
 	e.b = append(e.b, j.Fingerprint[:]...)
 	e.uvar(j.Versions)
-	e.b = append(e.b, j.Digest[:]...)
+	e.bytes(j.HashState)
 	return e.b
 }
 
@@ -136,7 +130,10 @@ func DecodeEraseJob(b []byte) (EraseJob, error) {
 	}
 	copy(j.Fingerprint[:], d.take(16))
 	j.Versions = d.uvar()
-	copy(j.Digest[:], d.take(32))
+	j.HashState = d.bytes()
+	if d.err == nil && len(j.HashState) > 256 {
+		d.fail("hash state of %d bytes", len(j.HashState))
+	}
 	if err := d.finish("erase head"); err != nil {
 		return EraseJob{}, err
 	}
