@@ -70,6 +70,7 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/history", s.history(storage.KindNode))
 		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", s.history(storage.KindEdge))
 		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", s.request)
+		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id}", s.erasure)
 		mux.HandleFunc("GET /v1/journals", s.journals)
 		mux.HandleFunc("GET /v1/partitions", s.partitions)
 	}
@@ -117,7 +118,7 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 var (
 	healthRoutes = []string{"/healthz", "/readyz", "/metrics"}
 	readRoutes   = []string{"/v1/tenants/*/nodes/*", "/v1/tenants/*/edges/*", "/v1/tenants/*/nodes/*/edges",
-		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/journals", "/v1/partitions"}
+		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/tenants/*/erasures/*", "/v1/journals", "/v1/partitions"}
 )
 
 func routeMatches(path string, opts Options) bool {
@@ -629,6 +630,8 @@ type Request struct {
 	EdgesTombstoned uint64   `json:"edges_tombstoned"`
 	Journaled       bool     `json:"journaled"`
 	Journal         *Journal `json:"journal,omitempty"`
+	// VersionsErased: erase_node and erase_edge only.
+	VersionsErased *uint64 `json:"versions_erased,omitempty"`
 }
 
 func (s *Server) request(w http.ResponseWriter, r *http.Request) {
@@ -646,11 +649,19 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		out := Request{RequestID: rid, Tenant: sc.Tenant(), State: "answered", Op: rc.Op.String(), ID: rc.ID.String(),
 			Status: rc.Status.String(), EdgesTombstoned: rc.EdgesTombstoned, Journaled: rc.Journaled}
+		if rc.Op == storage.OpEraseNode || rc.Op == storage.OpEraseEdge {
+			n := rc.VersionsErased
+			out.VersionsErased = &n
+		}
 		if rc.Status == storage.StatusOK {
 			tx := rc.Tx.Time().Format(storage.TimeLayout)
 			out.TxTime = &tx
 		}
 		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	if e := s.store.Erases().ByRequest(sc, rid); e != nil {
+		writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: e.Job.Op.String(), ID: e.Job.ID.String()})
 		return
 	}
 	if s.opts.Journals != nil {

@@ -19,6 +19,7 @@ type Version struct {
 	TxFrom     *string         `json:"tx_from"`
 	TxTo       *string         `json:"tx_to"`
 	Tombstone  bool            `json:"tombstone"`
+	Erased     bool            `json:"erased"` // payload erased (props null; actor, reason, source "")
 	Props      json.RawMessage `json:"props"`
 	Provenance Provenance      `json:"provenance"`
 }
@@ -55,6 +56,9 @@ func VersionJSON(v *storage.Version) Version {
 	}
 	if len(out.Props) == 0 || !json.Valid(out.Props) {
 		out.Props = json.RawMessage("{}")
+	}
+	if v.Erased {
+		out.Erased, out.Props = true, json.RawMessage("null")
 	}
 	if v.Kind == storage.KindEdge {
 		src, dst, label := v.Src.String(), v.Dst.String(), v.Label

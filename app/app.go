@@ -201,7 +201,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	a.reaper = rp
-	copts.Journals = rp
+	copts.Journals, copts.Erases = rp, rp
 	a.ops = cascade.New(st, copts)
 	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(),
 		"max_batch_ops", a.ops.MaxBatchOps(), "chunk_ops", a.ops.ChunkOps())

@@ -109,12 +109,22 @@ type EraseObserver struct {
 	Chunk func(n uint64)
 }
 
-// ApplyErase finishes erase e (the first pass and a resume alike): it waits
-// for the node's cascade journal (applying it here when the engine has no
-// JournalSink), erases what is left, scrubs the disk and stores the
-// answer. It returns the request's receipt. Erases are applied one at a
-// time (package reaper keeps that rule).
+// ApplyErase finishes erase e (see Applier.ApplyErase), applying the
+// node's cascade journal itself when the engine has no JournalSink.
 func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (storage.Receipt, error) {
+	return o.applier.applyErase(ctx, e, obs, o.sink == nil)
+}
+
+// ApplyErase finishes erase e (the first pass and a resume alike): it waits
+// for the node's cascade journal (the owner of journals applies it), erases
+// what is left, scrubs the disk and stores the answer. It returns the
+// request's receipt. Erases are applied one at a time (package reaper
+// keeps that rule).
+func (o *Applier) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (storage.Receipt, error) {
+	return o.applyErase(ctx, e, obs, false)
+}
+
+func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (storage.Receipt, error) {
 	sc, j := e.Scope, e.Job
 	if j.Op == storage.OpEraseNode {
 		for {
@@ -122,7 +132,7 @@ func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseOb
 			if f == nil {
 				break
 			}
-			if o.sink == nil {
+			if applyJournals {
 				if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
 					return storage.Receipt{}, fmt.Errorf("erase of node %s: its cascade: %w", j.ID, err)
 				}
@@ -166,7 +176,22 @@ func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseOb
 	}
 	var sum [32]byte
 	copy(sum[:], digest.Sum(nil))
-	rc := storage.Receipt{Op: j.Op, Status: storage.StatusOK, ID: j.ID, Tx: tx, VersionsErased: head.Versions, Fingerprint: j.Fingerprint}
+	// The edges its own cascade tombstoned: the edge versions at its tx
+	// (one tx per request, so nothing else wrote there).
+	var edges uint64
+	if j.Op == storage.OpEraseNode {
+		err := storage.ScanIndex(o.store.Reader(), sc, false, j.Tx, j.Tx+1, func(ie storage.IndexEntry) error {
+			if ie.Kind == storage.KindEdge {
+				edges++
+			}
+			return nil
+		})
+		if err != nil {
+			return storage.Receipt{}, err
+		}
+	}
+	rc := storage.Receipt{Op: j.Op, Status: storage.StatusOK, ID: j.ID, Tx: tx, VersionsErased: head.Versions, Fingerprint: j.Fingerprint,
+		EdgesTombstoned: edges, Journaled: true}
 	rec := storage.EraseRecord{Op: j.Op, ID: j.ID, RequestID: j.Prov.RequestID, Actor: j.Prov.Actor, Reason: j.Prov.Reason, Source: j.Prov.Source,
 		Tx: j.Tx, RequestedAt: j.CreatedAt, FinishedAt: storage.TsFromTime(o.store.Clock().Wall().Now()), Versions: head.Versions, Digest: sum}
 	if err := o.store.Update(ctx, func(t *storage.Txn) error { return t.FinishErase(e, &rc, &rec) }); err != nil {
@@ -197,7 +222,7 @@ type erasedVersion struct {
 
 // eraseVersions rewrites every version of the erase's target that is not
 // erased yet, in chunks of at most ChunkOps puts (plus the head).
-func (o *Ops) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *storage.EraseJob, obs EraseObserver) error {
+func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *storage.EraseJob, obs EraseObserver) error {
 	snap := o.store.NewSnapshot()
 	defer snap.Close()
 	sc, j := e.Scope, e.Job
@@ -249,7 +274,7 @@ func (o *Ops) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *st
 				return nil
 			}
 			chunk = append(chunk, erasedVersion{key: append([]byte(nil), k...), v: ver, raw: append([]byte(nil), v...)})
-			if len(chunk) >= o.applier.chunkOps {
+			if len(chunk) >= o.chunkOps {
 				return flush()
 			}
 			return nil
@@ -335,7 +360,7 @@ func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error
 // snapshot older than the erase's writes would keep the old values through
 // the compaction, so it first waits until no snapshot is open (journal
 // appliers hold one while they run).
-func (o *Ops) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubStats, error) {
+func (o *Applier) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubStats, error) {
 	for {
 		if o.store.Engine().Metrics().Snapshots.Count == 0 {
 			break

@@ -81,6 +81,9 @@ type Hooks struct {
 	// Stalled fires when the watchdog abandons an attempt that made no
 	// progress for StallTimeout.
 	Stalled func(e *storage.JournalEntry)
+	// EraseFinished fires when an attempt at an erase ends (err nil: done,
+	// its receipt rc stored and its result in the outbox).
+	EraseFinished func(e *storage.EraseEntry, rc storage.Receipt, err error)
 }
 
 func (c Config) withDefaults() Config {
@@ -204,6 +207,16 @@ type Service struct {
 	cron    *cron.Cron
 	kick    chan struct{}
 	pubMu   sync.Mutex
+
+	eraseKick  chan struct{}
+	eraseMu    sync.Mutex
+	eraseFails map[*storage.EraseEntry]eraseFailure
+}
+
+type eraseFailure struct {
+	n    int
+	at   time.Time
+	last string
 }
 
 // New returns the service; it fails on a bad schedule or a missing Applier.
@@ -217,7 +230,8 @@ func New(store *storage.Store, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reaper schedule %q: %w", cfg.Schedule, err)
 	}
-	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1), slots: make(chan struct{}, cfg.MaxAppliers)}
+	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1),
+		eraseKick: make(chan struct{}, 1), eraseFails: map[*storage.EraseEntry]eraseFailure{}, slots: make(chan struct{}, cfg.MaxAppliers)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.cron = cron.New(cron.WithLocation(time.UTC))
 	s.cron.Schedule(sched, cron.FuncJob(func() { s.RunOnce(s.ctx) }))
@@ -238,6 +252,78 @@ func (s *Service) Start() {
 	s.cron.Start()
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.publishLoop() }()
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.eraseLoop() }()
+}
+
+// BeginErase takes an erase whose head just committed (cascade.EraseSink).
+// It runs on the writer, so it only wakes the eraser.
+func (s *Service) BeginErase(*storage.EraseEntry) { s.kickErase() }
+
+func (s *Service) kickErase() {
+	select {
+	case s.eraseKick <- struct{}{}:
+	default:
+	}
+}
+
+// eraseLoop applies erases one at a time, oldest first: the ones handed
+// over, those a previous process left (its first round, at Start), and
+// failed ones again after their backoff (checked every OutboxInterval).
+func (s *Service) eraseLoop() {
+	t := time.NewTicker(s.cfg.OutboxInterval)
+	defer t.Stop()
+	s.kickErase()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.eraseKick:
+		case <-t.C:
+		}
+		for _, e := range s.store.Erases().List() {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.eraseMu.Lock()
+			f := s.eraseFails[e]
+			s.eraseMu.Unlock()
+			if f.n > 0 && s.cfg.Clock.Now().Sub(f.at) < backoff(s.cfg.RetryBackoff, f.n) {
+				continue
+			}
+			rc, err := s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
+			if errors.Is(err, storage.ErrJournalGone) {
+				err = nil // finished meanwhile (a previous attempt's batch landed)
+			}
+			s.eraseMu.Lock()
+			if err != nil && s.ctx.Err() == nil {
+				f.n, f.at, f.last = f.n+1, s.cfg.Clock.Now(), err.Error()
+				s.eraseFails[e] = f
+				s.cfg.Logger.Warn("erase failed; retried after a backoff", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+					"request_id", e.Job.Prov.RequestID, "failures", f.n, "err", err)
+			} else {
+				delete(s.eraseFails, e)
+			}
+			s.eraseMu.Unlock()
+			if s.cfg.Hooks.EraseFinished != nil {
+				s.cfg.Hooks.EraseFinished(e, rc, err)
+			}
+			if err == nil {
+				s.cfg.Logger.Info("erase finished", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+					"request_id", e.Job.Prov.RequestID, "versions_erased", rc.VersionsErased)
+				s.kickPublish()
+			}
+		}
+	}
+}
+
+// EraseFailure reports an erase's failed attempts and last error (for the
+// erasure lookup of a request in flight).
+func (s *Service) EraseFailure(e *storage.EraseEntry) (int, string) {
+	s.eraseMu.Lock()
+	defer s.eraseMu.Unlock()
+	f := s.eraseFails[e]
+	return f.n, f.last
 }
 
 // Stop stops the passes, stops appliers between chunks (their journals stay

@@ -1,0 +1,152 @@
+package app
+
+import (
+	"bytes"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+)
+
+func withMarker(body map[string]any, marker string) map[string]any {
+	body["props"] = map[string]any{"name": marker, "email": marker + "@example.org"}
+	body["provenance"] = map[string]any{"actor": marker + "-actor", "reason": "signup", "source": marker + "-crm"}
+	return body
+}
+
+func eraseNode(id, reason string) map[string]any {
+	return map[string]any{"op": "erase_node", "id": id, "provenance": map[string]any{"actor": "dpo", "reason": reason}}
+}
+
+func eraseEdge(id, reason string) map[string]any {
+	return map[string]any{"op": "erase_edge", "id": id, "provenance": map[string]any{"actor": "dpo", "reason": reason}}
+}
+
+// filesWith lists the files under dir holding s, byte by byte.
+func filesWith(t *testing.T, dir, s string) []string {
+	t.Helper()
+	var hits []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte(s)) {
+			hits = append(hits, strings.TrimPrefix(p, dir))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hits
+}
+
+// TestE2EErase: erase_node of a live hub (journaled: more edges than
+// --max-batch-ops) and erase_edge of a live edge, through the queue: the
+// results carry versions_erased; the entities read dead with every version
+// erased (props null, actor/reason/source empty) and liveness otherwise as
+// before; the erasure records answer; a second erase is ok with zero
+// versions; an erase without a reason is invalid; and no file under the
+// Pebble directory holds the erased data any more.
+func TestE2EErase(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	w := startWorker(t, ns, dir, Options{}, "--max-batch-ops", "60", "--journal-chunk-ops", "20")
+	b := newBus(t, ns)
+	const tenant = "gdpr"
+	hub, other, keep := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	hubMark, edgeMark, keepMark := "HUBMARK"+uuid.NewString()[:8], "EDGEMARK"+uuid.NewString()[:8], "KEEPMARK"+uuid.NewString()[:8]
+	mustOK(t, b.wait(b.send(tenant, withMarker(node(hub), hubMark))))
+	mustOK(t, b.wait(b.send(tenant, node(other))))
+	mustOK(t, b.wait(b.send(tenant, withMarker(node(keep), keepMark))))
+	var hubEdges []string
+	for i := 0; i < 30; i++ {
+		id := uuid.NewString()
+		hubEdges = append(hubEdges, id)
+		mustOK(t, b.wait(b.send(tenant, withMarker(edge(id, hub, other), hubMark))))
+	}
+	lone := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, withMarker(edge(lone, other, keep), edgeMark))))
+	pebbleDir := filepath.Join(dir, "pebble")
+	if len(filesWith(t, pebbleDir, hubMark)) == 0 {
+		t.Fatal("the marker is on no file before the erase: the disk check would prove nothing")
+	}
+
+	// No reason: invalid, dead-lettered, nothing erased.
+	if r := b.wait(b.send(tenant, map[string]any{"op": "erase_node", "id": hub})); r.Status != queue.StatusInvalid || !strings.Contains(r.Error, "provenance.reason") {
+		t.Fatalf("erase_node without a reason: %+v", r)
+	}
+
+	rid := b.send(tenant, eraseNode(hub, "GDPR art. 17, ticket 4711"))
+	r := mustOK(t, b.wait(rid))
+	if r.VersionsErased == nil || *r.VersionsErased < 31 || r.Op != "erase_node" || r.EdgesTombstoned != 30 {
+		t.Fatalf("erase_node result: %+v (versions_erased %v), want >= 31 versions and 30 edges tombstoned", r, r.VersionsErased)
+	}
+	re := mustOK(t, b.wait(b.send(tenant, eraseEdge(lone, "GDPR art. 17, ticket 4712"))))
+	if re.VersionsErased == nil || *re.VersionsErased != 2 { // its put and the tombstone the erase wrote
+		t.Fatalf("erase_edge result: %+v", re)
+	}
+
+	// Dead at the result's tx_time and now; every version erased.
+	if code := w.get("/v1/tenants/"+tenant+"/nodes/"+hub+"?tx="+r.TxTime, nil); code != http.StatusNotFound {
+		t.Fatalf("hub at its erase's tx_time: %d, want 404", code)
+	}
+	for _, path := range []string{"/nodes/" + hub, "/edges/" + hubEdges[0], "/edges/" + lone} {
+		var h struct{ Versions []api.Version }
+		if code := w.get("/v1/tenants/"+tenant+path+"/history", &h); code != http.StatusOK || len(h.Versions) < 2 {
+			t.Fatalf("history of %s: %d %+v", path, code, h)
+		}
+		for _, v := range h.Versions {
+			if !v.Erased || string(v.Props) != "null" || v.Provenance.Actor != "" || v.Provenance.Source != "" || v.Provenance.Reason != "" {
+				t.Fatalf("%s: version at %v not erased: %+v", path, *v.TxFrom, v)
+			}
+		}
+	}
+	// Untouched: the node that was not erased keeps its data.
+	var kv api.Version
+	if code := w.get("/v1/tenants/"+tenant+"/nodes/"+keep, &kv); code != http.StatusOK || kv.Erased || !strings.Contains(string(kv.Props), keepMark) {
+		t.Fatalf("node not erased: %d %+v", code, kv)
+	}
+
+	var rec api.Erasure
+	if code := w.get("/v1/tenants/"+tenant+"/erasures/"+rid, &rec); code != http.StatusOK || rec.State != "done" ||
+		rec.VersionsErased != *r.VersionsErased || rec.Reason != "GDPR art. 17, ticket 4711" || rec.Actor != "dpo" || !strings.HasPrefix(rec.Digest, "sha256:") {
+		t.Fatalf("erasure record: %d %+v", code, rec)
+	}
+	var req api.Request
+	if code := w.get("/v1/tenants/"+tenant+"/requests/"+rid, &req); code != http.StatusOK || req.VersionsErased == nil || *req.VersionsErased != *r.VersionsErased {
+		t.Fatalf("request lookup: %d %+v", code, req)
+	}
+	if code := w.get("/v1/tenants/"+tenant+"/erasures/nope", nil); code != http.StatusNotFound {
+		t.Fatalf("unknown erasure: %d", code)
+	}
+
+	// Idempotent: again, under another request id, erases nothing.
+	again := mustOK(t, b.wait(b.send(tenant, eraseNode(hub, "again"))))
+	if again.VersionsErased == nil || *again.VersionsErased != 0 {
+		t.Fatalf("second erase_node: %+v", again)
+	}
+	if r := b.wait(b.send(tenant, eraseNode(uuid.NewString(), "who?"))); r.Status != queue.StatusNotFound {
+		t.Fatalf("erase_node of an unknown node: %+v", r)
+	}
+
+	for _, m := range []string{hubMark, edgeMark} {
+		if hits := filesWith(t, pebbleDir, m); len(hits) > 0 {
+			t.Fatalf("erased data %s still on disk in %v", m, hits)
+		}
+	}
+	if hits := filesWith(t, pebbleDir, keepMark); len(hits) == 0 {
+		t.Fatal("data that was not erased left the disk too: the scan is wrong")
+	}
+}
