@@ -136,7 +136,7 @@ func keys[M ~map[string]V, V any](m M) []string {
 	return out
 }
 
-var versionKeys = []string{"dst", "id", "label", "props", "provenance", "src", "tombstone", "tx_from", "tx_to", "valid_from", "valid_to"}
+var versionKeys = []string{"dst", "erased", "id", "label", "props", "provenance", "src", "tombstone", "tx_from", "tx_to", "valid_from", "valid_to"}
 
 // checkVersionShape checks the raw version JSON: exactly the documented
 // keys, times in TimeLayout or null, tx_to null, props an object.

@@ -476,6 +476,9 @@ func DecodeReceipt(b []byte) (Receipt, error) {
 		if flags&^(flagJournaled|flagFingerprint|flagVersionsErased) != 0 {
 			d.fail("unknown flags %#x", flags)
 		}
+		if isErase := r.Op == OpEraseNode || r.Op == OpEraseEdge; isErase != (flags&flagVersionsErased != 0) {
+			d.fail("versions_erased flag %v for op %s", !isErase, r.Op)
+		}
 	}
 	r.Journaled = flags&flagJournaled != 0
 	r.ID = d.uuid()
