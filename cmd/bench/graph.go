@@ -24,6 +24,9 @@ type graphWriter struct {
 	tx      storage.Ts
 	tenants map[string]storage.Scope
 	puts    int
+	// props of every version written ("{}" when nil); the erase phase
+	// gives them a payload to erase.
+	props []byte
 }
 
 func newGraphWriter(dir string) (*graphWriter, error) {
@@ -74,14 +77,21 @@ func (g *graphWriter) flush() error {
 
 func (g *graphWriter) node(tenant string, id uuid.UUID) error {
 	tx := g.next()
-	v := storage.Version{Kind: storage.KindNode, ID: id, Valid: storage.Open(tx), Tx: storage.Open(tx), Props: []byte("{}"), Prov: storage.Provenance{DecidedAt: storage.NoTs}}
+	v := storage.Version{Kind: storage.KindNode, ID: id, Valid: storage.Open(tx), Tx: storage.Open(tx), Props: g.payload(), Prov: storage.Provenance{DecidedAt: storage.NoTs}}
 	return g.write(g.scope(tenant), &v, storage.OpsPerNodeVersion)
 }
 
 func (g *graphWriter) edge(tenant string, id, src, dst uuid.UUID) error {
 	tx := g.next()
-	v := storage.Version{Kind: storage.KindEdge, ID: id, Src: src, Dst: dst, Label: benchLabel, Valid: storage.Open(tx), Tx: storage.Open(tx), Props: []byte("{}"), Prov: storage.Provenance{DecidedAt: storage.NoTs}}
+	v := storage.Version{Kind: storage.KindEdge, ID: id, Src: src, Dst: dst, Label: benchLabel, Valid: storage.Open(tx), Tx: storage.Open(tx), Props: g.payload(), Prov: storage.Provenance{DecidedAt: storage.NoTs}}
 	return g.write(g.scope(tenant), &v, storage.OpsPerEdgeVersion)
+}
+
+func (g *graphWriter) payload() []byte {
+	if g.props == nil {
+		return []byte("{}")
+	}
+	return g.props
 }
 
 // close registers the tenants, syncs, lets compactions finish (the measured

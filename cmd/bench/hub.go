@@ -40,6 +40,12 @@ type childResult struct {
 	Puts          int64       `json:"puts"`
 	BatchBytes    int64       `json:"batch_bytes"`
 	Journaled     bool        `json:"journaled,omitempty"`
+	// The erase child: the versions its erase_node rewrote, and the bytes
+	// they held (keys and old values).
+	VersionsErased uint64  `json:"versions_erased,omitempty"`
+	ErasedMB       float64 `json:"erased_mb,omitempty"`
+	CascadeSeconds float64 `json:"cascade_seconds,omitempty"`
+	hub            uuid.UUID
 	Tombstoned    uint64      `json:"edges_tombstoned,omitempty"`
 	HeapAllocMB   float64     `json:"go_total_alloc_mb"`
 	GCCycles      uint32      `json:"gc_cycles"`
@@ -218,6 +224,8 @@ func runChild(ctx context.Context, o *options, stdout io.Writer) error {
 		res, err = hubChild(ctx, o)
 	case "raw":
 		res, err = rawChild(o)
+	case "erase":
+		res, err = eraseChild(ctx, o)
 	default:
 		return fmt.Errorf("unknown child %q", o.hubChild)
 	}
@@ -230,6 +238,61 @@ func runChild(ctx context.Context, o *options, stdout io.Writer) error {
 var hubProv = storage.Provenance{Actor: benchActor, Reason: "super-node delete", Source: benchSource, DecidedAt: storage.NoTs}
 
 func hubChild(ctx context.Context, o *options) (*childResult, error) {
+	res, _, _, err := hubChildWith(ctx, o, nil)
+	return res, err
+}
+
+// eraseProps is a person's record, about 90 bytes: what an erase removes.
+var eraseProps = []byte(`{"name":"Ada Lovelace","email":"ada@example.org","phone":"+44 20 7946 0958","city":"London"}`)
+
+// eraseChild builds the hub with a payload on every version, deletes it
+// (the hub child's journaled cascade, not measured here) and measures the
+// erase_node that follows: rewriting every version of the hub and its
+// edges (N+1 puts and N+1 tombstones: 2N+2 versions) and scrubbing the
+// disk (flush, compaction of the tenant's version keyspaces, obsolete
+// files deleted). Pebble's counters over the erase give the write
+// amplification: bytes written (WAL, flushes, compactions) per byte
+// erased.
+func eraseChild(ctx context.Context, o *options) (*childResult, error) {
+	res, st, pe, err := hubChildWith(ctx, o, eraseProps)
+	if err != nil {
+		return res, err
+	}
+	defer st.Close()
+	res.CascadeSeconds, res.Seconds = res.Seconds, 0
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ops := cascade.New(st, cascade.Options{Logger: quiet})
+	sc := storage.MustScope("hub")
+	var erased int64
+	pm0 := pe.Metrics()
+	err = measure(res, &profiler{dir: o.profileDir, name: "erase"}, pe, func() error {
+		out, _, err := ops.Apply(ctx, []cascade.Request{{Scope: sc, Op: storage.OpEraseNode, ID: res.hub, RequestID: "erase-hub",
+			ValidEnd: storage.NoTs, Prov: storage.Provenance{Actor: "dpo", Reason: "GDPR art. 17", DecidedAt: storage.NoTs}}})
+		if err != nil {
+			return err
+		}
+		if out[0].Kind != cascade.Erasing {
+			return fmt.Errorf("erase_node: outcome %+v", out[0])
+		}
+		rc, err := ops.ApplyErase(ctx, out[0].Erase, cascade.EraseObserver{})
+		res.VersionsErased = rc.VersionsErased
+		return err
+	})
+	res.Pebble = pebbleDelta(pm0, pe.Metrics())
+	if err != nil {
+		return res, err
+	}
+	erased = int64(o.hubEdges+1) * int64(len(eraseProps)) // the puts' props (tombstones hold "{}")
+	res.ErasedMB = mbOf(erased)
+	if want := uint64(2*o.hubEdges + 2); res.VersionsErased != want {
+		return res, fmt.Errorf("erase rewrote %d versions, want %d", res.VersionsErased, want)
+	}
+	return res, nil
+}
+
+// hubChildWith is the hub child; with props it leaves the store open and
+// returns it (the erase child goes on).
+func hubChildWith(ctx context.Context, o *options, props []byte) (*childResult, *storage.Store, *storage.PebbleEngine, error) {
 	res := &childResult{Edges: o.hubEdges}
 	// Build: the hub and N out-edges to N fresh neighbours, written straight
 	// into the store (see graphWriter), then flushed and compacted.
@@ -237,8 +300,10 @@ func hubChild(ctx context.Context, o *options) (*childResult, error) {
 	hub := uuid.New()
 	g, err := newGraphWriter(o.dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
+	g.props = props
+	res.hub = hub
 	err = g.node("hub", hub)
 	for i := 0; i < o.hubEdges && err == nil; i++ {
 		m := uuid.New()
@@ -248,7 +313,7 @@ func hubChild(ctx context.Context, o *options) (*childResult, error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	res.BuildSeconds = round3(time.Since(t0).Seconds())
 
@@ -258,17 +323,22 @@ func hubChild(ctx context.Context, o *options) (*childResult, error) {
 	st, err := storage.OpenStore(o.dir, storage.Options{Logger: quiet,
 		WrapEngine: func(e storage.Engine) storage.Engine { return countingEngine{Engine: e, c: counter} }})
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	defer st.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			st.Close()
+		}
+	}()
 	ops := cascade.New(st, cascade.Options{Logger: quiet}) // default max_batch_ops
 	sc := storage.MustScope("hub")
 	pe, ok := st.Engine().(countingEngine).Engine.(*storage.PebbleEngine)
 	if !ok {
-		return nil, errors.New("unexpected engine type")
+		return nil, nil, nil, errors.New("unexpected engine type")
 	}
 	if err := settle(pe.DB); err != nil { // the reopen replayed nothing, but be sure
-		return nil, err
+		return nil, nil, nil, err
 	}
 	res.SettleSeconds = round3(time.Since(t1).Seconds())
 	res.OthersBefore = waitIdle(o.waitIdle, runtime.NumCPU(), progress{os.Stderr})
@@ -284,14 +354,18 @@ func hubChild(ctx context.Context, o *options) (*childResult, error) {
 	})
 	res.Pebble = pebbleDelta(pm0, pe.Metrics()).withStalls(st, sm0)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	res.Journaled, res.Tombstoned = rc.Journaled, rc.EdgesTombstoned
 	res.Commits, res.Puts, res.BatchBytes = counter.commits.Load(), counter.puts.Load(), counter.bytes.Load()
 	if rc.EdgesTombstoned != uint64(o.hubEdges) || !rc.Journaled {
-		return res, fmt.Errorf("cascade tombstoned %d edges (journaled %v), want %d journaled", rc.EdgesTombstoned, rc.Journaled, o.hubEdges)
+		return res, nil, nil, fmt.Errorf("cascade tombstoned %d edges (journaled %v), want %d journaled", rc.EdgesTombstoned, rc.Journaled, o.hubEdges)
 	}
-	return res, nil
+	if props == nil {
+		return res, nil, nil, nil
+	}
+	keep = true
+	return res, st, pe, nil
 }
 
 // rawChild writes the hub cascade's versions (N edge tombstones from one
@@ -440,5 +514,41 @@ func runScaling(ctx context.Context, o *options, pg progress, root string, rep *
 		pg.printf("scaling: %d edges: %.2fs (raw Pebble %.2fs, %.2fx), peak RSS growth %.0f MB, peak Go heap %.0f MB",
 			n, row.Seconds, row.RawPebbleSeconds, row.VsRaw, row.PeakRSSGrowthMB, row.PeakGoHeapMB)
 	}
+	return nil
+}
+
+// EraseReport is the erase phase: erase_node of a deleted hub.
+type EraseReport struct {
+	Edges          int     `json:"edges"`
+	VersionsErased uint64  `json:"versions_erased"`
+	Seconds        float64 `json:"seconds"`
+	CascadeSeconds float64 `json:"cascade_seconds"`
+	ErasedMB       float64 `json:"erased_payload_mb"`
+	StoreMB        float64 `json:"store_mb_before"`
+	WrittenMB      float64 `json:"written_mb"` // WAL + flushed + compacted
+	// WriteAmp is WrittenMB / ErasedMB: bytes written per byte of payload
+	// erased. The compaction rewrites the tenant's whole version keyspaces,
+	// so it grows with the tenant, not with the erase.
+	WriteAmp float64      `json:"write_amplification"`
+	Child    *childResult `json:"child"`
+}
+
+func runErase(ctx context.Context, o *options, pg progress, root string, rep *Report) error {
+	pg.printf("erase: building and deleting a %d-edge hub with a payload on every version, then erasing it ...", o.hubEdges)
+	dir := filepath.Join(root, "erase")
+	c, err := startChild(ctx, o, "erase", dir, o.hubEdges)
+	_ = os.RemoveAll(dir)
+	if err != nil {
+		return err
+	}
+	written := c.Pebble.WALWrittenMB + c.Pebble.FlushedMB + c.Pebble.CompactedMB
+	r := &EraseReport{Edges: o.hubEdges, VersionsErased: c.VersionsErased, Seconds: c.Seconds, CascadeSeconds: c.CascadeSeconds,
+		ErasedMB: c.ErasedMB, StoreMB: c.Pebble.StoreMBBefore, WrittenMB: round3(written), Child: c}
+	if c.ErasedMB > 0 {
+		r.WriteAmp = round3(written / c.ErasedMB)
+	}
+	pg.printf("erase: %d versions erased in %.2fs (the cascade before it: %.2fs); %.1f MB of payload erased, %.1f MB written (WAL %.1f, flushed %.1f, compacted %.1f) on a %.0f MB store: write amplification %.1f",
+		r.VersionsErased, r.Seconds, r.CascadeSeconds, r.ErasedMB, written, c.Pebble.WALWrittenMB, c.Pebble.FlushedMB, c.Pebble.CompactedMB, r.StoreMB, r.WriteAmp)
+	rep.Erase = r
 	return nil
 }

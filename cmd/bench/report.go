@@ -20,6 +20,7 @@ type Report struct {
 	Hub             *HubReport   `json:"hub,omitempty"`
 	Mixed           *MixedReport `json:"mixed,omitempty"`
 	Scaling         []ScalingRow `json:"scaling,omitempty"`
+	Erase           *EraseReport `json:"erase,omitempty"`
 	SmallVsPipeline *float64     `json:"small_vs_pipeline,omitempty"`
 	SmallVsNaive    *float64     `json:"small_vs_naive,omitempty"`
 	HubVsRaw        *float64     `json:"hub_vs_raw,omitempty"`
