@@ -187,6 +187,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	qcfg := queue.Config{
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
 		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, DLQMaxAge: cfg.DLQMaxAge, StreamReplicas: cfg.StreamReplicas,
+		SecureDeleteAcked: cfg.SecureDeleteRequests,
 	}
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {

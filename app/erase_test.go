@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -148,5 +149,39 @@ func TestE2EErase(t *testing.T) {
 	}
 	if hits := filesWith(t, pebbleDir, keepMark); len(hits) == 0 {
 		t.Fatal("data that was not erased left the disk too: the scan is wrong")
+	}
+}
+
+// TestHandledRequestsLeaveTheStreamFiles: a put whose props carry a marker
+// is handled; with --secure-delete-requests the worker overwrites the
+// message in the request stream's files before acking it, so no file of
+// the stream holds the marker; without it (the default) the ack only
+// unlinks it and the bytes stay while their block holds another message.
+func TestHandledRequestsLeaveTheStreamFiles(t *testing.T) {
+	for _, secure := range []bool{true, false} {
+		ns := testnats.Start(t)
+		// Two partitions, this worker owns the one of "gdpr": a request of
+		// a tenant in the other stays in the stream, so the block file
+		// that holds the handled one is not dropped as empty.
+		w := startWorker(t, ns, t.TempDir(), Options{}, "--partitions", "2", "--partition-owner", fmt.Sprintf("%d/2", queue.Partition("gdpr", 2)),
+			fmt.Sprintf("--secure-delete-requests=%v", secure))
+		b := newBus(t, ns)
+		other := "t0"
+		for i := 1; queue.Partition(other, 2) == queue.Partition("gdpr", 2); i++ {
+			other = fmt.Sprintf("t%d", i)
+		}
+		b.send(other, node(uuid.NewString())) // never handled here
+		mark := "NATSMARK" + uuid.NewString()[:8]
+		mustOK(t, b.wait(b.send("gdpr", withMarker(node(uuid.NewString()), mark))))
+		if err := w.stop(); err != nil { // the ack is on the wire before the stop returns
+			t.Fatal(err)
+		}
+		hits := filesWith(t, filepath.Join(ns.Opts.StoreDir, "jetstream", "$G", "streams", "TELHA_REQ"), mark)
+		if secure && len(hits) > 0 {
+			t.Fatalf("secure delete on: the handled request is still in %v", hits)
+		}
+		if !secure && len(hits) == 0 {
+			t.Fatal("secure delete off: the marker is in no file of the stream, so the test above proves nothing")
+		}
 	}
 }

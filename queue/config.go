@@ -56,6 +56,14 @@ type Config struct {
 	// RetryBase and RetryMax shape the NakWithDelay backoff of transient
 	// failures: base * 2^(delivery-1), capped. Defaults 500ms and 30s.
 	RetryBase, RetryMax time.Duration
+	// SecureDeleteAcked: overwrite each handled request message in the
+	// request stream's files (JetStream's secure delete) just before acking
+	// it. A work-queue ack only unlinks the message, and its bytes (a put's
+	// props among them) stay in the stream's block file until the server
+	// drops or compacts the block (CONTRACT §3, "Erasure"). Off by default:
+	// the server overwrites and syncs per message, about 3 ms each, which
+	// caps a worker at about 300 requests/s (docs/BENCHMARKS.md).
+	SecureDeleteAcked bool
 }
 
 // Defaults returns c with every zero field set to its default.

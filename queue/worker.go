@@ -45,6 +45,7 @@ type Worker struct {
 	cfg   Config
 	nc    *nats.Conn
 	js    jetstream.JetStream
+	reqS  atomic.Pointer[jetstream.Stream]
 	ops   *cascade.Ops
 	store *storage.Store
 	hooks Hooks
@@ -516,12 +517,38 @@ func (w *Worker) finish(items []*item) {
 }
 
 func (w *Worker) ack(it *item) {
+	if w.cfg.SecureDeleteAcked && it.meta != nil {
+		// Overwrite the message's bytes before the ack unlinks it (a
+		// failure costs the overwrite, never the ack).
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if s, err := w.reqStream(ctx); err == nil {
+			err = s.SecureDeleteMsg(ctx, it.meta.Sequence.Stream)
+			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				w.log.Warn("secure delete of a handled request (its bytes stay in the stream's files until the server compacts them)",
+					"stream_seq", it.meta.Sequence.Stream, "err", err)
+			}
+		}
+		cancel()
+	}
 	if err := it.msg.Ack(); err != nil {
 		w.log.Warn("ack", "err", err)
 	}
 	if w.hooks.Acked != nil {
 		w.hooks.Acked(it.opLabel(), time.Since(it.received))
 	}
+}
+
+// reqStream returns the request stream's handle (looked up once).
+func (w *Worker) reqStream(ctx context.Context) (jetstream.Stream, error) {
+	if s := w.reqS.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := w.js.Stream(ctx, w.cfg.ReqStream)
+	if err != nil {
+		return nil, err
+	}
+	w.reqS.Store(&s)
+	return s, nil
 }
 
 func (w *Worker) resultMsg(res Result) *nats.Msg { return resultMsg(w.cfg, res) }

@@ -29,29 +29,29 @@ import (
 
 // childResult is what a hub or raw child prints (one JSON object).
 type childResult struct {
-	Edges         int         `json:"edges"`
-	BuildSeconds  float64     `json:"build_seconds,omitempty"`
-	SettleSeconds float64     `json:"settle_seconds,omitempty"`
-	Seconds       float64     `json:"seconds"`
-	RSSBeforeMB   float64     `json:"rss_before_mb"`
-	PeakRSSMB     float64     `json:"peak_rss_mb"`
-	GrowthMB      float64     `json:"peak_rss_growth_mb"`
-	Commits       int64       `json:"commits"`
-	Puts          int64       `json:"puts"`
-	BatchBytes    int64       `json:"batch_bytes"`
-	Journaled     bool        `json:"journaled,omitempty"`
+	Edges         int     `json:"edges"`
+	BuildSeconds  float64 `json:"build_seconds,omitempty"`
+	SettleSeconds float64 `json:"settle_seconds,omitempty"`
+	Seconds       float64 `json:"seconds"`
+	RSSBeforeMB   float64 `json:"rss_before_mb"`
+	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	GrowthMB      float64 `json:"peak_rss_growth_mb"`
+	Commits       int64   `json:"commits"`
+	Puts          int64   `json:"puts"`
+	BatchBytes    int64   `json:"batch_bytes"`
+	Journaled     bool    `json:"journaled,omitempty"`
 	// The erase child: the versions its erase_node rewrote, and the bytes
 	// they held (keys and old values).
 	VersionsErased uint64  `json:"versions_erased,omitempty"`
 	ErasedMB       float64 `json:"erased_mb,omitempty"`
 	CascadeSeconds float64 `json:"cascade_seconds,omitempty"`
 	hub            uuid.UUID
-	Tombstoned    uint64      `json:"edges_tombstoned,omitempty"`
-	HeapAllocMB   float64     `json:"go_total_alloc_mb"`
-	GCCycles      uint32      `json:"gc_cycles"`
-	CPU           cpuUse      `json:"cpu"`
-	OthersBefore  float64     `json:"other_cores_before,omitempty"`
-	Pebble        pebbleStats `json:"pebble"`
+	Tombstoned     uint64      `json:"edges_tombstoned,omitempty"`
+	HeapAllocMB    float64     `json:"go_total_alloc_mb"`
+	GCCycles       uint32      `json:"gc_cycles"`
+	CPU            cpuUse      `json:"cpu"`
+	OthersBefore   float64     `json:"other_cores_before,omitempty"`
+	Pebble         pebbleStats `json:"pebble"`
 	// Sampled every 20 ms during the measured phase: the Go heap's objects
 	// (live or not yet collected) and Pebble's memtables and flushable
 	// batches (allocated outside the Go heap).
