@@ -1,9 +1,10 @@
-// Package cascade owns every write decision of telha-cascade: the four
-// request ops (put_node, put_edge, tombstone_edge, tombstone_node) applied
-// in groups of at most max_batch_ops puts through the store's one writer
-// (group commit), the tombstone cascade with its inline and journaled
-// paths, and the mechanics of applying a journal (ApplyJournal,
-// ResumeJournals).
+// Package cascade owns every write decision of telha-cascade: the six
+// request ops (put_node, put_edge, tombstone_edge, tombstone_node,
+// erase_node, erase_edge) applied in groups of at most max_batch_ops puts
+// through the store's one writer (group commit), the tombstone cascade with
+// its inline and journaled paths, the mechanics of applying a journal
+// (ApplyJournal, ResumeJournals), and of applying an erase (erase.go:
+// ApplyErase rewrites the versions in chunks, then scrubs the disk).
 //
 // The protocol is the seed's (shared/seed/tombstone-cascade.md) as corrected
 // by CONTRACT §3:

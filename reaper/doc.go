@@ -1,4 +1,7 @@
-// Package reaper owns every cascade journal's life after its commit point.
+// Package reaper owns every cascade journal's life after its commit point,
+// and every erase's (one eraser applies erase heads one at a time, oldest
+// first: the hand-off of cascade.EraseSink, the ones a previous process
+// left, failed ones after a backoff; results from the same outbox).
 //
 // A journaled tombstone_node commits its journal head in its group's batch
 // (package cascade decides that); from then on this package has it:

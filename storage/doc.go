@@ -10,7 +10,9 @@
 // append-only write path (PutNode, PutEdge), the read path (as-of reads,
 // adjacency, histories, index scans), request receipts, cascade journal
 // rows and the in-memory fence registry that keeps writes away from a node
-// whose cascade is in flight.
+// whose cascade is in flight, the committed tx reads are answered at (safe
+// time, safetime.go), and erasure's records: erase heads, erasure records,
+// the one rewrite of a version's value, and the disk scrub (erase.go).
 //
 // Invariants kept here:
 //
@@ -18,9 +20,10 @@
 //     (writer.go says how).
 //
 //   - Puts only. Versions, adjacency rows and index entries are never
-//     rewritten or deleted; a delete is a tombstone version. The only deletes
-//     the store ever issues are of cascade journal rows and result-outbox rows,
-//     both in the jobs keyspace.
+//     deleted; a delete is a tombstone version. The only deletes the store
+//     ever issues are of jobs rows (journal and erase heads, outbox rows)
+//     and delivery markers. The one rewrite is erasure's: a version's value
+//     with its payload erased, under the same key (I4: liveness unchanged).
 //
 //   - Latest-tx-wins: at (v, t) the version with the highest tx.start among
 //     those whose valid interval contains v and whose tx interval contains t
