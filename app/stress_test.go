@@ -33,8 +33,32 @@ func TestConcurrentStressThroughTheWorker(t *testing.T) {
 		seeds = seeds[:1]
 	}
 	for _, seed := range seeds {
-		t.Run(fmt.Sprint("seed_", seed), func(t *testing.T) { stressRound(t, seed) })
+		t.Run(fmt.Sprint("seed_", seed), func(t *testing.T) { stressRound(t, seed, false) })
 	}
+}
+
+// TestConcurrentStressWithErasures is the same race with erase_node and
+// erase_edge among the requests (half the hubs erased instead of
+// tombstoned, some edge tombstones and neighbour cascades erases): the same
+// checks (one tombstone per dead node, no write after its death, no ghost),
+// and every version of an erased node, and of every hub edge of an erased
+// hub, reads erased.
+func TestConcurrentStressWithErasures(t *testing.T) {
+	seeds := []uint64{5, 29}
+	if testing.Short() {
+		seeds = seeds[:1]
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint("seed_", seed), func(t *testing.T) { stressRound(t, seed, true) })
+	}
+}
+
+func eraseOf(body map[string]any) map[string]any {
+	op := "erase_node"
+	if body["op"] == "tombstone_edge" {
+		op = "erase_edge"
+	}
+	return map[string]any{"op": op, "id": body["id"], "provenance": map[string]any{"actor": "dpo", "reason": "art. 17"}}
 }
 
 type stressReq struct {
@@ -42,7 +66,7 @@ type stressReq struct {
 	body map[string]any
 }
 
-func stressRound(t *testing.T, seed uint64) {
+func stressRound(t *testing.T, seed uint64, erase bool) {
 	const (
 		tenant  = "stress"
 		hubs    = 6
@@ -93,8 +117,14 @@ func stressRound(t *testing.T, seed uint64) {
 
 	// The hubs' cascades first, then the stream that races them.
 	var race []stressReq
+	maybeErase := func(body map[string]any) map[string]any {
+		if erase && r.IntN(2) == 0 {
+			return eraseOf(body)
+		}
+		return body
+	}
 	for _, h := range hubIDs {
-		add(&race, tombNode(h))
+		add(&race, maybeErase(tombNode(h)))
 	}
 	for i := 0; i < touches; i++ {
 		h := hubIDs[r.IntN(hubs)]
@@ -107,11 +137,11 @@ func stressRound(t *testing.T, seed uint64) {
 		case k < 12:
 			add(&race, node(h))
 		case k < 13:
-			add(&race, tombNode(h))
+			add(&race, maybeErase(tombNode(h)))
 		case k < 15:
-			add(&race, tombEdge(hubEdges[h][r.IntN(perHub)]))
+			add(&race, maybeErase(tombEdge(hubEdges[h][r.IntN(perHub)])))
 		case k < 16:
-			add(&race, tombNode(o)) // a neighbour's cascade, sharing edges with hubs
+			add(&race, maybeErase(tombNode(o))) // a neighbour's cascade, sharing edges with hubs
 		case k < 18:
 			add(&race, edge(uid(), o, otherIDs[r.IntN(others)])) // unrelated
 		default:
@@ -133,6 +163,7 @@ func stressRound(t *testing.T, seed uint64) {
 	// Exactly one accepted tombstone_node per node, one tombstone in its
 	// history; its tx.
 	dead := map[string]storage.Ts{}
+	erasedNodes := map[string]bool{}
 	journaled := 0
 	for _, q := range race {
 		rs := res[q.id]
@@ -146,6 +177,23 @@ func stressRound(t *testing.T, seed uint64) {
 		dead[id] = parseTx(t, rs.TxTime)
 		if rs.Journaled {
 			journaled++
+		}
+	}
+	// An erase_node is ok on a dead node too; its tx_time is the node's
+	// tombstone when it wrote it, else later: the node died at the
+	// earliest.
+	for _, q := range race {
+		rs := res[q.id]
+		if q.body["op"] != "erase_node" || rs.Status != queue.StatusOK {
+			continue
+		}
+		id := q.body["id"].(string)
+		erasedNodes[id] = true
+		if tx := parseTx(t, rs.TxTime); dead[id] == 0 || tx < dead[id] {
+			dead[id] = tx
+		}
+		if rs.EdgesTombstoned > 0 {
+			journaled++ // the erase's own cascade (hubs: over --max-batch-ops)
 		}
 	}
 	for _, h := range hubIDs {
@@ -219,6 +267,27 @@ func stressRound(t *testing.T, seed uint64) {
 				}
 			}
 		}
+	}
+	// Erased: every version of an erased node and of its hub edges.
+	for id := range erasedNodes {
+		paths := []string{"/nodes/" + id}
+		for _, e := range hubEdges[id] {
+			paths = append(paths, "/edges/"+e)
+		}
+		for _, p := range paths {
+			var h struct{ Versions []api.Version }
+			if code := w.get("/v1/tenants/"+tenant+p+"/history", &h); code != 200 {
+				t.Fatalf("history of %s: %d", p, code)
+			}
+			for _, v := range h.Versions {
+				if !v.Erased || string(v.Props) != "null" {
+					t.Errorf("%s (of erased node %s): version at %v not erased", p, id, *v.TxFrom)
+				}
+			}
+		}
+	}
+	if erase && len(erasedNodes) == 0 {
+		t.Fatal("no erase_node accepted: the round raced no erasure")
 	}
 	var js struct{ Journals []api.Journal }
 	w.get("/v1/journals", &js)
