@@ -35,7 +35,9 @@ type Options struct {
 	Journals func() []Journal
 	// Partitions describes what this replica owns, for /v1/partitions.
 	Partitions func() Partitions
-	Logger     *slog.Logger
+	// Auth admits /v1/ requests (nil: everyone, as --auth off).
+	Auth   *Auth
+	Logger *slog.Logger
 }
 
 // Server holds what the handlers need.
@@ -93,6 +95,14 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		// not a redirect to a cleaned path.
 		if strings.Contains(r.URL.Path, "//") {
 			writeError(sw, http.StatusBadRequest, fmt.Sprintf("the path %s has an empty segment", storage.QuoteShort(r.URL.Path)))
+			return
+		}
+		if opts.ReadAPI && opts.Auth != nil && strings.HasPrefix(r.URL.Path, "/v1/") {
+			admitted, ok := opts.Auth.admit(sw, r, RoleRead)
+			if !ok {
+				return
+			}
+			mux.ServeHTTP(sw, admitted)
 			return
 		}
 		mux.ServeHTTP(sw, r)
@@ -697,7 +707,11 @@ type Journal struct {
 func (s *Server) journals(w http.ResponseWriter, r *http.Request) {
 	out := []Journal{}
 	if s.opts.Journals != nil {
-		out = append(out, s.opts.Journals()...)
+		for _, j := range s.opts.Journals() {
+			if mayRead(r.Context(), j.Tenant) { // a token sees its tenants' journals only
+				out = append(out, j)
+			}
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"journals": out})
 }

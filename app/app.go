@@ -57,6 +57,7 @@ type App struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *storage.Store
+	auth    *api.Auth
 	ops     *cascade.Ops
 	metrics *metrics.Metrics
 	ns      *server.Server
@@ -142,8 +143,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}()
 	a.metrics = metrics.New(Build, metrics.Labels{
 		Ops: opNames(), Statuses: queue.Statuses(), DeadLetterReasons: queue.DeadLetterReasons(),
-		Paths: []string{string(cascade.PathInline), string(cascade.PathJournaled)},
+		DeniedReasons: []string{"unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only"},
+		Paths:         []string{string(cascade.PathInline), string(cascade.PathJournaled)},
 	})
+
+	auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	a.auth = auth
+	switch auth.Mode() {
+	case api.AuthOff:
+		log.Error("the read API is OPEN to everyone who reaches it (--auth off): every tenant's data, no token asked")
+	case api.AuthLoopback:
+		log.Warn("the read API has no tokens (--auth-tokens-file): it answers loopback clients only, without a token")
+	case api.AuthTokens:
+		log.Info("the read API asks for bearer tokens", "file", cfg.AuthTokensFile)
+	}
 
 	// HTTP first: /healthz answers while a long startup resume runs.
 	if err := a.listen(); err != nil {
@@ -416,6 +432,7 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 	var full atomic.Pointer[http.Handler]
 	a.onStoreOpen = append(a.onStoreOpen, func() {
 		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log, Journals: a.journals,
+			Auth: a.auth,
 			Partitions: func() api.Partitions {
 				return api.Partitions{Partitions: a.cfg.Partitions, Replica: a.cfg.Owner.Index, Replicas: a.cfg.Owner.Count,
 					Owned: a.cfg.Owner.Partitions(a.cfg.Partitions),

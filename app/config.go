@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/telha/telha-cascade/api"
 	"io"
 	"os"
 	"strings"
@@ -46,6 +47,8 @@ type Config struct {
 	LeaseTTL       time.Duration
 	ShutdownGrace  time.Duration
 	MinFreeDiskMB  int
+	// Auth is --auth; AuthTokensFile --auth-tokens-file (see AuthMode).
+	Auth, AuthTokensFile string
 	// SecureDeleteRequests: queue.Config.SecureDeleteAcked.
 	SecureDeleteRequests bool
 	CacheMB              int
@@ -140,6 +143,8 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for the drain (requests held, journal appliers) before the worker exits anyway")
 	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 128, "Pebble block cache")
 	fs.IntVar(&c.MemTableMB, "pebble-memtable-mb", 32, "Pebble memtable size (two may be in memory at once)")
+	fs.StringVar(&c.Auth, "auth", "auto", "read-API access: auto (tokens if --auth-tokens-file is set, else loopback clients only), tokens, or off (open to everyone)")
+	fs.StringVar(&c.AuthTokensFile, "auth-tokens-file", "", `bearer tokens of the read API, JSON {"tokens": [{"name", "token", "tenants": [...] or ["*"], "role": "read"|"operate"}]}; re-read when it changes`)
 	fs.BoolVar(&c.SecureDeleteRequests, "secure-delete-requests", false, "overwrite each handled request in the request stream's files before acking it (no request's bytes linger there; about 300 requests/s)")
 	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
 }
@@ -241,5 +246,24 @@ func (c *Config) validate() []error {
 	if c.HTTPAddr == "" {
 		bad("--http-addr must not be empty")
 	}
+	switch {
+	case c.Auth != "auto" && c.Auth != "tokens" && c.Auth != "off":
+		bad("--auth must be auto, tokens or off, got %q", c.Auth)
+	case c.Auth == "tokens" && c.AuthTokensFile == "":
+		bad("--auth tokens needs --auth-tokens-file")
+	case c.Auth == "off" && c.AuthTokensFile != "":
+		bad("--auth off and --auth-tokens-file contradict each other")
+	}
 	return errs
+}
+
+// AuthMode is the read API's access mode the flags select.
+func (c *Config) AuthMode() api.AuthMode {
+	switch {
+	case c.Auth == "off":
+		return api.AuthOff
+	case c.AuthTokensFile != "":
+		return api.AuthTokens
+	}
+	return api.AuthLoopback
 }

@@ -318,6 +318,28 @@ func TestStatefulSet(t *testing.T) {
 				t.Fatalf("want one container, got %d", len(spec.Containers))
 			}
 			c := spec.Containers[0]
+			// Access control: tokens from the Secret when one is named, else
+			// the worker's loopback-only default (never --auth=off unasked).
+			tokFile, hasTok := argValue(c.Args, "--auth-tokens-file")
+			if _, off := argValue(c.Args, "--auth"); off {
+				t.Errorf("--auth set without auth.mode off: %v", c.Args)
+			}
+			if hasTok != (r.name == "three-replicas") {
+				t.Errorf("--auth-tokens-file = %q (set %v); want it exactly when auth.tokensSecret is set", tokFile, hasTok)
+			}
+			if hasTok {
+				mounted := false
+				for _, m := range c.VolumeMounts {
+					mounted = mounted || (m.Name == "auth-tokens" && strings.HasPrefix(tokFile, m.MountPath+"/") && m.ReadOnly)
+				}
+				found := false
+				for _, v := range spec.Volumes {
+					found = found || (v.Name == "auth-tokens" && v.Secret != nil && v.Secret.SecretName == "telha-api-tokens")
+				}
+				if !mounted || !found {
+					t.Errorf("tokens file %s: mounted %v, Secret volume %v", tokFile, mounted, found)
+				}
+			}
 			if got, _ := argValue(c.Args, "--partition-owner"); got != fmt.Sprintf("auto/%d", n) {
 				t.Errorf("--partition-owner = %q, want auto/%d", got, n)
 			}

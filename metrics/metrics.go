@@ -41,6 +41,7 @@ type Metrics struct {
 	WriterWait        *prometheus.HistogramVec
 	WriterRun         *prometheus.HistogramVec
 	BuildInfo         *prometheus.GaugeVec
+	APIDenied         *prometheus.CounterVec
 }
 
 // Labels are the label values initialised at start, so rate() sees zeros
@@ -51,6 +52,7 @@ type Labels struct {
 	Statuses          []string // status of telha_requests_total
 	Paths             []string // path of telha_cascades_total
 	DeadLetterReasons []string // reason of telha_dead_letters_total
+	DeniedReasons     []string // reason of telha_api_denied_total
 }
 
 // New creates the registry with every family and label set initialised.
@@ -107,10 +109,13 @@ func New(b Build, l Labels) *Metrics {
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
+		APIDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_api_denied_total", Help: "Read-API requests refused by access control, by reason (unauthenticated, forbidden_tenant, forbidden_role, loopback_only).",
+		}, []string{"reason"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
-		m.WriterWait, m.WriterRun, m.DeadLetterFails,
+		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.APIDenied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
 		m.RequestDuration.WithLabelValues(op)
@@ -132,6 +137,9 @@ func New(b Build, l Labels) *Metrics {
 		m.DeadLetters.WithLabelValues(reason)
 		m.DeadLetterFails.WithLabelValues(reason)
 	}
+	for _, reason := range l.DeniedReasons {
+		m.APIDenied.WithLabelValues(reason)
+	}
 	if b.Version == "" {
 		b.Version = "dev"
 	}
@@ -141,6 +149,9 @@ func New(b Build, l Labels) *Metrics {
 	m.BuildInfo.WithLabelValues(b.Version, b.Revision, runtime.Version()).Set(1)
 	return m
 }
+
+// Denied counts a read-API request refused by access control.
+func (m *Metrics) Denied(reason string) { m.APIDenied.WithLabelValues(reason).Inc() }
 
 // Handler serves the registry.
 func (m *Metrics) Handler() http.Handler {
