@@ -26,6 +26,11 @@ import (
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/reaper"
 	"github.com/telha/telha-cascade/storage"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Build is set by main from linker flags.
@@ -50,6 +55,9 @@ type Options struct {
 	// OnWriterTask, when set, also sees every task of the store's writer
 	// (cmd/bench).
 	OnWriterTask func(lane storage.Lane, wait, run time.Duration)
+	// TracerProvider, when set, receives the spans (tests: an in-memory
+	// exporter); nil: --otlp-endpoint decides.
+	TracerProvider trace.TracerProvider
 }
 
 // App is a running worker.
@@ -58,6 +66,7 @@ type App struct {
 	log     *slog.Logger
 	store   *storage.Store
 	auth    *api.Auth
+	tracer  trace.TracerProvider
 	ops     *cascade.Ops
 	metrics *metrics.Metrics
 	ns      *server.Server
@@ -147,6 +156,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		Paths:         []string{string(cascade.PathInline), string(cascade.PathJournaled)},
 	})
 
+	tp := opts.TracerProvider
+	if tp == nil && cfg.OTLPEndpoint != "" {
+		sdk, err := newOTLP(cfg.OTLPEndpoint)
+		if err != nil {
+			return fmt.Errorf("%w: --otlp-endpoint %q: %v", ErrUsage, cfg.OTLPEndpoint, err)
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := sdk.Shutdown(ctx); err != nil {
+				log.Warn("flushing the last spans", "err", err)
+			}
+		}()
+		tp = sdk
+		log.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
+	}
+	a.tracer = tp
 	auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
@@ -203,7 +229,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	qcfg := queue.Config{
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
 		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, DLQMaxAge: cfg.DLQMaxAge, StreamReplicas: cfg.StreamReplicas,
-		SecureDeleteAcked: cfg.SecureDeleteRequests,
+		SecureDeleteAcked: cfg.SecureDeleteRequests, TracerProvider: a.tracer,
 	}
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {
@@ -212,7 +238,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.cascadeHooks(opts.CascadeHooks)}
 	rp, err := reaper.New(st, reaper.Config{
 		Applier: cascade.NewApplier(st, copts), Publisher: pub, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
-		Clock: opts.Clock, Logger: log, Hooks: a.reaperHooks(opts.ReaperHooks),
+		Clock: opts.Clock, Logger: log, Hooks: a.reaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
@@ -630,4 +656,14 @@ func (a *App) close() error {
 		a.ns.WaitForShutdown()
 	}
 	return errors.Join(errs...)
+}
+
+// newOTLP is the OTLP/HTTP trace exporter behind a batching provider.
+func newOTLP(endpoint string) (*sdktrace.TracerProvider, error) {
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(endpoint))
+	if err != nil {
+		return nil, err
+	}
+	res := resource.NewSchemaless(attribute.String("service.name", "telha-cascade"))
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
 }

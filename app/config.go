@@ -47,6 +47,8 @@ type Config struct {
 	LeaseTTL       time.Duration
 	ShutdownGrace  time.Duration
 	MinFreeDiskMB  int
+	// OTLPEndpoint: --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT.
+	OTLPEndpoint string
 	// Auth is --auth; AuthTokensFile --auth-tokens-file (see AuthMode).
 	Auth, AuthTokensFile string
 	// SecureDeleteRequests: queue.Config.SecureDeleteAcked.
@@ -96,6 +98,9 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 			}
 		}
 	})
+	if c.OTLPEndpoint == "" {
+		c.OTLPEndpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT") // the standard variable, as OpenTelemetry SDKs read it
+	}
 	if c.Hostname == "" {
 		c.Hostname, _ = os.Hostname()
 	}
@@ -145,6 +150,7 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.MemTableMB, "pebble-memtable-mb", 32, "Pebble memtable size (two may be in memory at once)")
 	fs.StringVar(&c.Auth, "auth", "auto", "read-API access: auto (tokens if --auth-tokens-file is set, else loopback clients only), tokens, or off (open to everyone)")
 	fs.StringVar(&c.AuthTokensFile, "auth-tokens-file", "", `bearer tokens of the read API, JSON {"tokens": [{"name", "token", "tenants": [...] or ["*"], "role": "read"|"operate"}]}; re-read when it changes`)
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "OTLP/HTTP collector URL (http://host:4318) for traces; empty reads OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off")
 	fs.BoolVar(&c.SecureDeleteRequests, "secure-delete-requests", false, "overwrite each handled request in the request stream's files before acking it (no request's bytes linger there; about 300 requests/s)")
 	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
 }

@@ -168,6 +168,7 @@ func (o *Ops) writeNode(t *storage.Txn, r *Request, d nodeDecision) *storage.Jou
 	sc, node := r.Scope, r.ID
 	if d.journaled {
 		e := t.BeginJournal(sc, node, d.validEnd, d.tx, r.Prov, d.fingerprint)
+		e.SetTraceparent(r.Traceparent)
 		if o.sink != nil {
 			t.AfterCommit(func() { o.sink.Begin(e) })
 		}

@@ -66,6 +66,7 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 			}
 			if d.journaled {
 				e := t.BeginQuietJournal(sc, r.ID, d.validEnd, d.tx, r.Prov, fp)
+				e.SetTraceparent(r.Traceparent)
 				if o.sink != nil {
 					t.AfterCommit(func() { o.sink.Begin(e) })
 				}

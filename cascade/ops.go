@@ -183,6 +183,9 @@ type Request struct {
 	ValidEnd  storage.Ts
 	Props     []byte
 	Prov      storage.Provenance
+	// Traceparent is the request's W3C trace context (tracing only: not
+	// part of the fingerprint, not stored), handed to its journal.
+	Traceparent string
 }
 
 // Fingerprint identifies the request's content: its op and every field

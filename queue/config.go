@@ -3,6 +3,8 @@ package queue
 import (
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config is the queue side of the worker. Zero fields take the documented
@@ -64,6 +66,9 @@ type Config struct {
 	// the server overwrites and syncs per message, about 3 ms each, which
 	// caps a worker at about 300 requests/s (docs/BENCHMARKS.md).
 	SecureDeleteAcked bool
+	// TracerProvider receives the requests' spans (nil: tracing off, no
+	// cost). See trace.go.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults returns c with every zero field set to its default.

@@ -112,7 +112,9 @@ func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 
 // Publish publishes one result and waits for the stream to store it.
 func (p *Publisher) Publish(ctx context.Context, res Result) error {
-	_, err := p.js.PublishMsg(ctx, resultMsg(p.cfg, res))
+	m := resultMsg(p.cfg, res)
+	TraceContext.Inject(ctx, HeaderCarrier(m.Header)) // the request's traceparent, when ctx carries one
+	_, err := p.js.PublishMsg(ctx, m)
 	return err
 }
 

@@ -16,6 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/storage"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Hooks let the metrics layer observe the worker. Every field is optional.
@@ -113,6 +116,8 @@ type item struct {
 	marked   bool // dead-lettered by the guard: its marker goes in finish
 	outcome  cascade.Outcome
 	failure  error // transient failure of the group's transaction
+	// trace is the message's trace context (its traceparent; empty without).
+	trace context.Context
 }
 
 func (it *item) opLabel() string {
@@ -245,11 +250,20 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		case part != Partition(tenant, w.cfg.Partitions) || !w.cfg.Owner.Owns(part):
 			it.rej = &Reject{Reason: ReasonWrongPartition, Err: fmt.Sprintf("partition %d of tenant %q is not owned by replica %s of %d partitions", part, tenant, w.cfg.Owner, w.cfg.Partitions)}
 		}
+		it.trace = traceOf(m.Headers())
+		_, span := w.tracer().Start(it.trace, "telha.decode")
 		if it.rej == nil {
 			it.req, it.rej = DecodeRequest(m.Data(), tenant)
 		} else {
 			it.rej.RequestID, it.rej.Op, it.rej.ID = peekRequest(m.Data())
 		}
+		span.SetAttributes(requestAttrs(it)...)
+		if it.rej != nil {
+			span.SetStatus(codes.Error, it.rej.Reason)
+		} else {
+			it.req.Traceparent = Traceparent(it.trace)
+		}
+		span.End()
 		if it.rej != nil {
 			continue
 		}
@@ -275,16 +289,22 @@ func (w *Worker) applyGroup(items []*item, idx []int) {
 		return
 	}
 	reqs := make([]cascade.Request, len(idx))
+	spans := make([]trace.Span, len(idx))
 	for k, i := range idx {
 		reqs[k] = items[i].req
+		_, spans[k] = w.tracer().Start(items[i].trace, "telha.group_commit", trace.WithAttributes(requestAttrs(items[i])...),
+			trace.WithAttributes(attribute.Int("telha.group_size", len(idx))))
 	}
 	outs, _, err := w.ops.Apply(context.Background(), reqs)
 	for k, i := range idx {
 		if outs[k].Kind != 0 {
 			items[i].applied, items[i].outcome = true, outs[k]
+			spans[k].SetAttributes(attribute.String("telha.status", outs[k].Status().String()))
 		} else {
 			items[i].failure = err
+			spans[k].SetStatus(codes.Error, err.Error())
 		}
+		spans[k].End()
 	}
 	if err != nil {
 		w.log.Warn("group failed; its requests will be retried", "requests", len(reqs), "err", err)
@@ -489,7 +509,7 @@ func (w *Worker) finish(items []*item) {
 			w.ack(it)
 		default:
 			res := resultOfOutcome(&it.req, it.outcome)
-			fut, err := w.publishResult(res)
+			fut, err := w.publishResult(it.trace, res)
 			if err != nil {
 				w.log.Warn("publish result", "request_id", res.RequestID, "err", err)
 				_ = it.msg.NakWithDelay(time.Second)
@@ -553,8 +573,13 @@ func (w *Worker) reqStream(ctx context.Context) (jetstream.Stream, error) {
 
 func (w *Worker) resultMsg(res Result) *nats.Msg { return resultMsg(w.cfg, res) }
 
-func (w *Worker) publishResult(res Result) (jetstream.PubAckFuture, error) {
-	return w.js.PublishMsgAsync(w.resultMsg(res))
+func (w *Worker) publishResult(tc context.Context, res Result) (jetstream.PubAckFuture, error) {
+	ctx, span := w.tracer().Start(tc, "telha.result", trace.WithAttributes(attribute.String("telha.request_id", res.RequestID),
+		attribute.String("telha.status", res.Status)))
+	defer span.End()
+	m := w.resultMsg(res)
+	TraceContext.Inject(ctx, HeaderCarrier(m.Header))
+	return w.js.PublishMsgAsync(m)
 }
 
 // deadLetter copies the payload to TELHA_DLQ (waiting for the server's
@@ -562,8 +587,12 @@ func (w *Worker) publishResult(res Result) (jetstream.PubAckFuture, error) {
 // message: a work-queue stream deletes a terminated message, so the copy
 // must be safe first.
 func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, res Result) {
+	tctx, span := w.tracer().Start(it.trace, "telha.dead_letter", trace.WithAttributes(requestAttrs(it)...),
+		trace.WithAttributes(attribute.String("telha.reason", reason)))
+	defer span.End()
 	m := nats.NewMsg(w.cfg.dlqSubject(it.tenant))
 	m.Data = it.msg.Data()
+	TraceContext.Inject(tctx, HeaderCarrier(m.Header))
 	delivered := uint64(1)
 	stream, seq := "", uint64(0)
 	if it.meta != nil {
@@ -602,6 +631,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		w.log.Warn("dead-lettered", "reason", reason, "error", why, "subject", it.msg.Subject(), "request_id", res.RequestID, "deliveries", delivered)
 	}
 	rm := w.resultMsg(res)
+	TraceContext.Inject(tctx, HeaderCarrier(rm.Header))
 	if res.Status == StatusConflict {
 		// The id's first request has the result id res.<tenant>.<id>; this
 		// one must not be dropped as its duplicate.

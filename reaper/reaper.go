@@ -13,6 +13,11 @@ import (
 	"github.com/robfig/cron/v3"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/storage"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Publisher publishes the result of a finished journaled request (the
@@ -66,6 +71,9 @@ type Config struct {
 	Clock  storage.Clock
 	Hooks  Hooks
 	Logger *slog.Logger
+	// TracerProvider receives the journals' spans, children of their
+	// request's traceparent (nil: tracing off).
+	TracerProvider trace.TracerProvider
 }
 
 // Hooks observe the service: metrics, and test signals in place of sleeps.
@@ -208,6 +216,9 @@ type Service struct {
 	kick    chan struct{}
 	pubMu   sync.Mutex
 
+	traceMu sync.Mutex
+	traces  map[string]string // tenant \x00 request id -> traceparent of a finished journal, until its result is published
+
 	eraseKick  chan struct{}
 	eraseMu    sync.Mutex
 	eraseFails map[*storage.EraseEntry]eraseFailure
@@ -231,7 +242,7 @@ func New(store *storage.Store, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("reaper schedule %q: %w", cfg.Schedule, err)
 	}
 	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1),
-		eraseKick: make(chan struct{}, 1), eraseFails: map[*storage.EraseEntry]eraseFailure{}, slots: make(chan struct{}, cfg.MaxAppliers)}
+		eraseKick: make(chan struct{}, 1), eraseFails: map[*storage.EraseEntry]eraseFailure{}, traces: map[string]string{}, slots: make(chan struct{}, cfg.MaxAppliers)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.cron = cron.New(cron.WithLocation(time.UTC))
 	s.cron.Schedule(sched, cron.FuncJob(func() { s.RunOnce(s.ctx) }))
@@ -458,6 +469,34 @@ func (s *Service) attempt(j *journal) {
 	}
 	began := time.Now()
 	s.cfg.Logger.Info("cascade journal applying", "tenant", e.Scope.Tenant(), "request_id", e.J.Prov.RequestID, "node", e.J.NodeID, "tx", e.J.Tx.String())
+	tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.journal", trace.WithAttributes(
+		attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.J.Prov.RequestID),
+		attribute.String("telha.node", e.J.NodeID.String()), attribute.String("telha.tx", e.J.Tx.String())))
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.SetAttributes(attribute.Int64("telha.edges_tombstoned", int64(rc.EdgesTombstoned)))
+		span.End()
+		if err == nil && e.J.Prov.RequestID != "" && span.SpanContext().IsValid() {
+			m := propagation.MapCarrier{}
+			propagation.TraceContext{}.Inject(tctx, m)
+			s.traceMu.Lock()
+			s.traces[e.Scope.Tenant()+"\x00"+e.J.Prov.RequestID] = m["traceparent"]
+			s.traceMu.Unlock()
+		}
+	}()
+	lastChunk, lastDone := time.Now(), int64(-1)
+	applied := obs.Applied
+	obs.Applied = func(n int64) {
+		applied(n)
+		if lastDone >= 0 && n > lastDone {
+			_, cs := s.tracer().Start(tctx, "telha.journal.chunk", trace.WithTimestamp(lastChunk),
+				trace.WithAttributes(attribute.Int64("telha.edges_done", n), attribute.Int64("telha.edges", n-lastDone)))
+			cs.End()
+		}
+		lastChunk, lastDone = time.Now(), n
+	}
 	err = func() (err error) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -785,8 +824,20 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 		}
 		for i, o := range rows {
 			pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+			tk := o.Tenant + "\x00" + o.RequestID
+			s.traceMu.Lock()
+			tp := s.traces[tk]
+			s.traceMu.Unlock()
+			if tp != "" {
+				pctx = propagation.TraceContext{}.Extract(pctx, propagation.MapCarrier{"traceparent": tp})
+			}
 			err := s.cfg.Publisher.PublishResult(pctx, o.Tenant, o.RequestID, o.Receipt)
 			cancel()
+			if err == nil {
+				s.traceMu.Lock()
+				delete(s.traces, tk)
+				s.traceMu.Unlock()
+			}
 			if err != nil {
 				return n, fmt.Errorf("publish result of %q: %w", o.RequestID, err)
 			}
@@ -801,4 +852,20 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+func (s *Service) tracer() trace.Tracer {
+	if s.cfg.TracerProvider == nil {
+		return noop.NewTracerProvider().Tracer("")
+	}
+	return s.cfg.TracerProvider.Tracer("github.com/telha/telha-cascade/reaper")
+}
+
+// traceContext is a context whose remote parent is the W3C traceparent tp
+// (none when tp is empty).
+func traceContext(tp string) context.Context {
+	if tp == "" {
+		return context.Background()
+	}
+	return propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
 }

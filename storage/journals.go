@@ -33,6 +33,25 @@ type JournalEntry struct {
 	J       Journal
 
 	removed chan struct{} // closed when the removal commits
+
+	traceMu     sync.Mutex
+	traceparent string // the request's W3C traceparent, in memory only
+}
+
+// SetTraceparent records the W3C traceparent of the request that committed
+// the journal (tracing; not stored: a journal resumed after a restart
+// starts a trace of its own).
+func (e *JournalEntry) SetTraceparent(tp string) {
+	e.traceMu.Lock()
+	defer e.traceMu.Unlock()
+	e.traceparent = tp
+}
+
+// Traceparent returns what SetTraceparent recorded ("" when nothing).
+func (e *JournalEntry) Traceparent() string {
+	e.traceMu.Lock()
+	defer e.traceMu.Unlock()
+	return e.traceparent
 }
 
 func newJournalEntry(sc Scope, key []byte, j Journal) *JournalEntry {
