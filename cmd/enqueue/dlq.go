@@ -2,76 +2,16 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
-	"time"
-	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/queue/client"
 )
-
-// deadLetter is one message of the dead-letter stream, as `dlq list` and
-// `dlq show` print it.
-type deadLetter struct {
-	Seq             uint64            `json:"seq"`
-	Time            string            `json:"time"`
-	Subject         string            `json:"subject"`
-	Tenant          string            `json:"tenant"`
-	Reason          string            `json:"reason"`
-	Error           string            `json:"error"`
-	Deliveries      string            `json:"deliveries"`
-	OriginalSubject string            `json:"original_subject"`
-	MsgID           string            `json:"original_msg_id,omitempty"`
-	RequestID       string            `json:"request_id,omitempty"`
-	Size            int               `json:"size"`
-	Truncated       bool              `json:"truncated,omitempty"`
-	Headers         map[string]string `json:"headers,omitempty"` // show
-	Body            json.RawMessage   `json:"body,omitempty"`    // show: the JSON body
-	BodyText        string            `json:"body_text,omitempty"`
-	BodyBase64      string            `json:"body_base64,omitempty"`
-}
-
-func letterOf(m *jetstream.RawStreamMsg, prefix string, full bool) deadLetter {
-	h := m.Header
-	d := deadLetter{Seq: m.Sequence, Time: m.Time.UTC().Format(time.RFC3339Nano), Subject: m.Subject,
-		Tenant: strings.TrimPrefix(m.Subject, prefix+".dlq."), Reason: h.Get("Telha-Reason"), Error: h.Get("Telha-Error"),
-		Deliveries: h.Get("Telha-Deliveries"), OriginalSubject: h.Get("Telha-Original-Subject"), MsgID: h.Get("Telha-Original-Msg-Id"),
-		Size: len(m.Data), Truncated: h.Get("Telha-Truncated") == "true"}
-	if d.Truncated {
-		d.Size, _ = strconv.Atoi(h.Get("Telha-Original-Size"))
-	}
-	var peek struct {
-		RequestID string `json:"request_id"`
-	}
-	if json.Unmarshal(m.Data, &peek) == nil {
-		d.RequestID = peek.RequestID
-	}
-	if full {
-		d.Headers = map[string]string{}
-		for k := range h {
-			d.Headers[k] = h.Get(k)
-		}
-		switch {
-		case json.Valid(m.Data):
-			d.Body = m.Data
-		case utf8.Valid(m.Data):
-			d.BodyText = string(m.Data)
-		default:
-			d.BodyBase64 = base64.StdEncoding.EncodeToString(m.Data)
-		}
-	}
-	return d
-}
 
 // runDLQ is `enqueue dlq list|show|retry|discard`.
 func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Writer) error {
@@ -120,81 +60,30 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 	enc := json.NewEncoder(stdout)
 	switch sub {
 	case "list":
-		info, err := s.Info(ctx)
+		out, total, err := client.ListDeadLetters(ctx, s, g.prefix, client.DeadLetterFilter{Tenant: *tenant, Reason: *reason, Limit: *limit})
 		if err != nil {
 			return err
-		}
-		var out []deadLetter
-		for n := info.State.LastSeq; n >= info.State.FirstSeq && n > 0 && len(out) < *limit; n-- {
-			m, err := s.GetMsg(ctx, n)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			d := letterOf(m, g.prefix, false)
-			if (*tenant != "" && d.Tenant != *tenant) || (*reason != "" && d.Reason != *reason) {
-				continue
-			}
-			out = append(out, d)
 		}
 		for _, d := range out {
 			_ = enc.Encode(d)
 		}
-		fmt.Fprintf(stderr, "%d dead letters shown (of %d in %s)\n", len(out), info.State.Msgs, *stream)
+		fmt.Fprintf(stderr, "%d dead letters shown (of %d in %s)\n", len(out), total, *stream)
 		return nil
 	case "show":
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
 			return fmt.Errorf("dead letter %d: %w", seq, err)
 		}
-		return enc.Encode(letterOf(m, g.prefix, true))
+		return enc.Encode(client.DeadLetterOf(m, g.prefix, true))
 	case "retry":
-		m, err := s.GetMsg(ctx, seq)
+		r, err := client.RetryDeadLetter(ctx, js, s, g.prefix, seq)
 		if err != nil {
-			return fmt.Errorf("dead letter %d: %w", seq, err)
+			return err
 		}
-		d := letterOf(m, g.prefix, false)
-		if d.Truncated {
-			return fmt.Errorf("dead letter %d was stored cut short (%d of %d bytes): its body cannot be republished", seq, len(m.Data), d.Size)
-		}
-		if d.OriginalSubject == "" {
-			return fmt.Errorf("dead letter %d has no Telha-Original-Subject", seq)
-		}
-		rm := nats.NewMsg(d.OriginalSubject)
-		rm.Data = m.Data
-		keys := make([]string, 0, len(m.Header))
-		for k := range m.Header {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if strings.HasPrefix(k, "Telha-") || k == jetstream.MsgIDHeader {
-				continue // the worker's annotations, and the dead letter's own id
-			}
-			for _, v := range m.Header.Values(k) {
-				rm.Header.Add(k, v)
-			}
-		}
-		// A new message id: the original one may still be inside the
-		// request stream's duplicate window.
-		id := d.MsgID
-		if id == "" {
-			id = client.RequestMsgID(d.Tenant, d.RequestID)
-		}
-		rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s.retry-%d", id, seq))
-		ack, err := js.PublishMsg(ctx, rm)
-		if err != nil {
-			return fmt.Errorf("republish dead letter %d to %s: %w", seq, d.OriginalSubject, err)
-		}
-		if err := s.DeleteMsg(ctx, seq); err != nil {
-			return fmt.Errorf("dead letter %d republished (request stream seq %d) but not removed from %s: %w", seq, ack.Sequence, *stream, err)
-		}
-		return enc.Encode(map[string]any{"retried": seq, "subject": d.OriginalSubject, "request_id": d.RequestID, "request_stream_seq": ack.Sequence})
+		return enc.Encode(r)
 	case "discard":
-		if err := s.DeleteMsg(ctx, seq); err != nil {
-			return fmt.Errorf("discard dead letter %d: %w", seq, err)
+		if err := client.DiscardDeadLetter(ctx, s, seq); err != nil {
+			return err
 		}
 		return enc.Encode(map[string]any{"discarded": seq})
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/telha/telha-cascade/queue/client"
 	"io"
 	"log/slog"
 	"strconv"
@@ -80,7 +81,7 @@ func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
 	if _, err := nc.Request("telha.req.acme", []byte(`{"request_id":"broken-1","op":"put_node","tenant":"acme","id":"nope"}`), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var dl deadLetter
+	var dl client.DeadLetter
 	testnats.Eventually(t, 20*time.Second, "the dead letter", func() bool {
 		code, out, _ := enqueue(t, "dlq", "list", "--nats-url", url, "--tenant", "acme")
 		return code == 0 && json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &dl) == nil && dl.RequestID == "broken-1"
@@ -107,12 +108,12 @@ func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
 	testnats.Eventually(t, 20*time.Second, "the retried request dead-lettered again", func() bool {
 		_, out, _ := enqueue(t, "dlq", "list", "--nats-url", url, "--tenant", "acme")
 		last = out
-		var first deadLetter
+		var first client.DeadLetter
 		return json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &first) == nil && first.Seq > dl.Seq && first.RequestID == "broken-1" &&
 			strings.Count(out, `"request_id":"broken-1"`) == 1
 	})
 	_, out, _ = enqueue(t, "dlq", "list", "--nats-url", url)
-	var again deadLetter
+	var again client.DeadLetter
 	_ = json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &again)
 	code, out, _ = enqueue(t, "dlq", "discard", strconv.FormatUint(again.Seq, 10), "--nats-url", url)
 	if code != 0 || !strings.Contains(out, "discarded") {
