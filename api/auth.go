@@ -261,3 +261,58 @@ func quoteTenant(t string) string {
 	}
 	return fmt.Sprintf("%q", t)
 }
+
+// Principal is who a request acts as: a token, or everyone (loopback
+// without tokens, or --auth off).
+type Principal struct {
+	Name    string
+	Tenants []string
+	Role    Role
+	All     bool // every tenant, operate (no tokens configured)
+}
+
+// Sees reports whether the principal may read tenant t.
+func (p Principal) Sees(t string) bool { return p.All || slices.Contains(p.Tenants, "*") || slices.Contains(p.Tenants, t) }
+
+// Operates reports whether the principal may take write actions.
+func (p Principal) Operates() bool { return p.All || p.Role == RoleOperate }
+
+// TokenCookie is the cookie the status page keeps a token in.
+const TokenCookie = "telha_token"
+
+// Principal identifies a request for the status page: a bearer token from
+// the Authorization header or the TokenCookie cookie. ok is false (with
+// the status and message to answer) when the request may not see the page
+// at all.
+func (a *Auth) Principal(r *http.Request) (p Principal, ok bool, status int, msg string) {
+	switch a.mode {
+	case AuthOff:
+		return Principal{Name: "anyone (--auth off)", All: true}, true, 0, ""
+	case AuthLoopback:
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
+			return Principal{Name: "loopback", All: true}, true, 0, ""
+		}
+		a.denied("loopback_only")
+		return p, false, http.StatusUnauthorized, "this worker answers loopback clients only: it has no --auth-tokens-file (and no --auth off)"
+	}
+	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if bearer == "" {
+		if c, err := r.Cookie(TokenCookie); err == nil {
+			bearer = c.Value
+		}
+	}
+	var tok *Token
+	if bearer != "" {
+		tok = a.lookup(bearer)
+	}
+	if tok == nil {
+		a.denied("unauthenticated")
+		return p, false, http.StatusUnauthorized, "sign in with a token"
+	}
+	return Principal{Name: tok.Name, Tenants: tok.Tenants, Role: tok.Role}, true, 0, ""
+}
+
+// Denied counts a refusal the status page makes (forbidden_tenant,
+// forbidden_role).
+func (a *Auth) Denied(reason string) { a.denied(reason) }

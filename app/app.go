@@ -66,6 +66,8 @@ type App struct {
 	log     *slog.Logger
 	store   *storage.Store
 	auth    *api.Auth
+	uiH     atomic.Pointer[http.Handler]
+	lastRun atomic.Pointer[reaperRun]
 	tracer  trace.TracerProvider
 	ops     *cascade.Ops
 	metrics *metrics.Metrics
@@ -254,6 +256,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 	a.worker = w
+	uh := a.uiHandler()
+	a.uiH.Store(&uh)
 	a.metrics.AttachState(a.metricsState())
 
 	if err := a.provision(ctx); err != nil {
@@ -347,6 +351,7 @@ func (a *App) cascadeHooks(next cascade.Hooks) cascade.Hooks {
 func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
 	return reaper.Hooks{
 		Run: func(res reaper.RunResult) {
+			a.lastRun.Store(&reaperRun{at: time.Now(), res: res})
 			switch {
 			case res.Skipped:
 				a.metrics.ReaperRun(metrics.ReaperSkipped, 0)
@@ -479,8 +484,17 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 		}
 		early.ServeHTTP(w, r)
 	})
+	var served http.Handler = handler
+	if readAPI {
+		served = withUI(handler, func() http.Handler {
+			if h := a.uiH.Load(); h != nil {
+				return *h
+			}
+			return nil
+		})
+	}
 	srv := &http.Server{
-		Handler:           http.MaxBytesHandler(handler, 1<<20),
+		Handler:           http.MaxBytesHandler(served, 1<<20),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      60 * time.Second,

@@ -1,0 +1,164 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/ui"
+)
+
+// The status page (package ui) on the read API's address: its figures and
+// its dead letters come from here.
+
+// deadLetters is ui.DeadLetters over the worker's dead-letter stream.
+type deadLetters struct {
+	js     jetstream.JetStream
+	stream string
+	prefix string
+}
+
+func (d deadLetters) s(ctx context.Context) (jetstream.Stream, error) {
+	return d.js.Stream(ctx, d.stream)
+}
+
+func (d deadLetters) List(ctx context.Context, f client.DeadLetterFilter) ([]client.DeadLetter, uint64, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	return client.ListDeadLetters(ctx, s, d.prefix, f)
+}
+
+func (d deadLetters) Get(ctx context.Context, seq uint64) (client.DeadLetter, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return client.DeadLetter{}, err
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return client.DeadLetter{}, err
+	}
+	return client.DeadLetterOf(m, d.prefix, false), nil
+}
+
+func (d deadLetters) Retry(ctx context.Context, seq uint64) (client.Retried, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return client.Retried{}, err
+	}
+	return client.RetryDeadLetter(ctx, d.js, s, d.prefix, seq)
+}
+
+func (d deadLetters) Discard(ctx context.Context, seq uint64) error {
+	s, err := d.s(ctx)
+	if err != nil {
+		return err
+	}
+	return client.DiscardDeadLetter(ctx, s, seq)
+}
+
+// uiHandler is the status page, or nil before the store and the worker
+// are up.
+func (a *App) uiHandler() http.Handler {
+	qc := a.worker.Config()
+	started := time.Now()
+	return ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
+		DeadLetters: deadLetters{js: a.worker.JetStream(), stream: qc.DLQStream, prefix: qc.Prefix},
+		Overview: func(ctx context.Context) ui.Overview {
+			o := ui.Overview{Pending: "-", AckPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
+				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
+			secs := time.Since(started).Seconds()
+			if fams, err := a.metrics.Registry.Gather(); err == nil {
+				byStatus := map[string]float64{}
+				for _, f := range fams {
+					switch f.GetName() {
+					case "telha_requests_total":
+						for _, m := range f.GetMetric() {
+							byStatus[label(m, "status")] += m.GetCounter().GetValue()
+						}
+					}
+				}
+				for st, n := range byStatus {
+					if n > 0 {
+						o.RequestsTotal += n
+						o.ByStatus = append(o.ByStatus, ui.StatusCount{Status: st, Count: n, PerSec: n / secs})
+					}
+				}
+				o.RequestsPerSec = o.RequestsTotal / secs
+			}
+			if st := a.worker.Stats(); st != nil {
+				o.Pending, o.AckPending = fmt.Sprint(st.Pending), fmt.Sprint(st.AckPending)
+			}
+			if lr := a.lastRun.Load(); lr != nil {
+				o.ReaperResult, o.ReaperLast = "ok", lr.at.UTC().Format(time.RFC3339)+fmt.Sprintf(", resumed %d, took %s", lr.res.Resumed, lr.res.Took.Round(time.Millisecond))
+				switch {
+				case lr.res.Skipped:
+					o.ReaperResult = "skipped"
+				case lr.res.Err != nil:
+					o.ReaperResult, o.ReaperLast = "error", o.ReaperLast+": "+lr.res.Err.Error()
+				}
+			}
+			sum := a.reaper.Summarize()
+			o.Journals, o.Poison = sum.InFlight, sum.Poison
+			if s, err := a.worker.JetStream().Stream(ctx, qc.DLQStream); err == nil {
+				if info, err := s.Info(ctx); err == nil {
+					o.DeadLetters = fmt.Sprint(info.State.Msgs)
+				}
+			}
+			if free, err := a.store.DiskFree(); err == nil {
+				o.DiskFree = fmt.Sprintf("%.1f GB", float64(free)/1e9)
+			}
+			o.StoreSize = fmt.Sprintf("%.1f MB", float64(a.store.Engine().DiskUsage())/1e6)
+			return o
+		},
+	})
+}
+
+// reaperRun is the reaper's last pass, for the overview.
+type reaperRun struct {
+	at  time.Time
+	res reaper.RunResult
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// partitions is /v1/partitions' answer.
+func (a *App) partitions() api.Partitions {
+	return api.Partitions{Partitions: a.cfg.Partitions, Replica: a.cfg.Owner.Index, Replicas: a.cfg.Owner.Count,
+		Owned: a.cfg.Owner.Partitions(a.cfg.Partitions),
+		Rule:  "a tenant's partition is fnv1a32(tenant) % partitions; replica i of N owns the partitions p with p % N == i"}
+}
+
+// withUI routes /ui/ to the status page once it is up, the rest to h.
+func withUI(h http.Handler, page func() http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/") {
+			if r.URL.Path == "/ui" {
+				http.Redirect(w, r, "/ui/", http.StatusMovedPermanently)
+				return
+			}
+			if p := page(); p != nil {
+				p.ServeHTTP(w, r)
+				return
+			}
+			http.Error(w, "the status page starts with the worker; retry in a moment", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,18 @@
+// Package ui is the status page the worker serves at /ui/ on the read API's
+// address: server-rendered HTML (html/template, assets embedded; no CDN,
+// no script but a confirm() on write actions) for the SRE at 3 a.m. and
+// the auditor. Pages: overview, journals (progress, rate, ETA; it
+// refreshes itself while one runs), dead letters (filter, body, headers,
+// retry and discard), request lookup, and the as-of explorer (a node or
+// edge at a (valid, tx) coordinate, its edges there, and an SVG of its
+// history).
+//
+// It owns rendering and the page's own access rules (sign-in cookie,
+// CSRF tokens on POST, tenant scoping of every list, operate role for
+// write actions), on top of package api's Auth.
+//
+// What it must not do: write to the store (its only writes are dead-letter
+// retries and discards, through the DeadLetters it is given), decide
+// liveness any other way than storage's read path, or load anything from
+// the network.
+package ui
