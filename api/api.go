@@ -520,6 +520,10 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, bad("the cursor belongs to a walk at another coordinate or direction"))
 			return
 		}
+		if c.t > s.store.Committed() {
+			s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", c.t))
+			return
+		}
 		p.v, p.t = c.v, c.t
 		after = &storage.EdgeCursor{Out: c.out, ID: c.edge}
 	} else {
@@ -591,6 +595,10 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		}
 		var after *[2]storage.Ts
 		if c != nil {
+			if c.t > s.store.Committed() {
+				s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", c.t))
+				return
+			}
 			after = &[2]storage.Ts{c.tx, c.vals}
 			p.t = c.t
 		} else if err := s.settleEntity(r.Context(), &p, k); err != nil {

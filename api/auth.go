@@ -272,7 +272,9 @@ type Principal struct {
 }
 
 // Sees reports whether the principal may read tenant t.
-func (p Principal) Sees(t string) bool { return p.All || slices.Contains(p.Tenants, "*") || slices.Contains(p.Tenants, t) }
+func (p Principal) Sees(t string) bool {
+	return p.All || slices.Contains(p.Tenants, "*") || slices.Contains(p.Tenants, t)
+}
 
 // Operates reports whether the principal may take write actions.
 func (p Principal) Operates() bool { return p.All || p.Role == RoleOperate }

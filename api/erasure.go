@@ -36,17 +36,8 @@ func (s *Server) erasure(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rid := r.PathValue("request_id")
-	rec, ok, err := storage.GetErasure(s.store.Reader(), sc, rid)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	if ok {
-		writeJSON(w, http.StatusOK, Erasure{RequestID: rid, Tenant: sc.Tenant(), State: "done", Op: rec.Op.String(), ID: rec.ID.String(),
-			Actor: rec.Actor, Reason: rec.Reason, Source: rec.Source, TxTime: ts(rec.Tx), RequestedAt: ts(rec.RequestedAt),
-			FinishedAt: ts(rec.FinishedAt), VersionsErased: rec.Versions, Digest: "sha256:" + hex.EncodeToString(rec.Digest[:])})
-		return
-	}
+	// In flight first, then the record: an erase that finishes between the
+	// two lookups is found done, never missed.
 	if e := s.store.Erases().ByRequest(sc, rid); e != nil {
 		head, ok, err := s.store.EraseHead(s.store.Reader(), e)
 		if err != nil {
@@ -60,6 +51,17 @@ func (s *Server) erasure(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Erasure{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: j.Op.String(), ID: j.ID.String(),
 			Actor: j.Prov.Actor, Reason: j.Prov.Reason, Source: j.Prov.Source, TxTime: ts(j.Tx), RequestedAt: ts(j.CreatedAt),
 			VersionsErased: head.Versions})
+		return
+	}
+	rec, ok, err := storage.GetErasure(s.store.Reader(), sc, rid)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if ok {
+		writeJSON(w, http.StatusOK, Erasure{RequestID: rid, Tenant: sc.Tenant(), State: "done", Op: rec.Op.String(), ID: rec.ID.String(),
+			Actor: rec.Actor, Reason: rec.Reason, Source: rec.Source, TxTime: ts(rec.Tx), RequestedAt: ts(rec.RequestedAt),
+			FinishedAt: ts(rec.FinishedAt), VersionsErased: rec.Versions, Digest: "sha256:" + hex.EncodeToString(rec.Digest[:])})
 		return
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no erasure %s in tenant %s", storage.QuoteShort(rid), sc.Tenant()))

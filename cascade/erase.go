@@ -43,6 +43,9 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 		return nil, 0, fmt.Errorf("%w: %s needs provenance.reason", ErrInvalid, r.Op)
 	}
 	sc := r.Scope
+	// tx is the erase's: the tombstone's it writes, else the entity's
+	// latest (a tombstone, or the one a journal in flight writes at its tx):
+	// never a fresh tx that nothing would be written under (safetime.go).
 	var tx storage.Ts
 	if r.Op == storage.OpEraseNode {
 		latest, ok, err := t.Latest(sc, storage.KindNode, r.ID)
@@ -51,6 +54,10 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 		}
 		if !ok {
 			return nil, 0, fmt.Errorf("%w: node %s", ErrNotFound, r.ID)
+		}
+		tx = latest.Tx.Start
+		if f := t.Fenced(sc, r.ID); f != nil {
+			tx = max(tx, f.J.Tx)
 		}
 		if !latest.Tombstone && t.Fenced(sc, r.ID) == nil {
 			// Still live: its cascade first, exactly as tombstone_node.
@@ -88,14 +95,12 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 		if !b.fits(r, storage.OpsPerEdgeVersion+1) {
 			return nil, 0, nil
 		}
+		tx = latest.Tx.Start
 		if !latest.Tombstone {
 			if tx, err = o.tombstoneEdge(t, r); err != nil {
 				return nil, 0, err
 			}
 		}
-	}
-	if tx == 0 {
-		tx = t.NextTx()
 	}
 	e := t.BeginErase(sc, storage.EraseJob{Op: r.Op, ID: r.ID, Tx: tx, Prov: r.Prov, Fingerprint: fp})
 	if o.eraseSink != nil {
@@ -103,6 +108,65 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 	}
 	return e, tx, nil
 }
+
+// EraseWaitLimit bounds how long one attempt at an erase waits for a
+// journal in flight (or, before its scrub, for the open snapshots of
+// journal appliers); past it the attempt fails with ErrEraseWaiting and is
+// retried after a backoff.
+var EraseWaitLimit = 2 * time.Minute
+
+// ErrEraseWaiting: an erase's attempt waited too long for a journal.
+var ErrEraseWaiting = errors.New("erase waiting")
+
+// journalTouching returns a journal in flight that may still write a
+// version of the erase's target: one fencing the node itself or any node
+// sharing an edge with it (erase_node), or either endpoint (erase_edge).
+func (o *Applier) journalTouching(sc storage.Scope, j storage.EraseJob) (*storage.JournalEntry, error) {
+	js := o.store.Journals()
+	if js.Len() == 0 {
+		return nil, nil
+	}
+	r := o.store.Reader()
+	if j.Op == storage.OpEraseEdge {
+		latest, ok, err := storage.Latest(r, sc, storage.KindEdge, j.ID)
+		if err != nil || !ok {
+			return nil, err
+		}
+		for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
+			if f := js.Fenced(sc, n); f != nil {
+				return f, nil
+			}
+		}
+		return nil, nil
+	}
+	if f := js.Fenced(sc, j.ID); f != nil {
+		return f, nil
+	}
+	var found *storage.JournalEntry
+	for _, out := range []bool{true, false} {
+		p := storage.AdjPrefix(sc, out, j.ID)
+		err := scanRange(r, p, storage.PrefixEnd(p), func(_, v []byte) error {
+			row, err := storage.DecodeAdj(v)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrStorage, err)
+			}
+			if f := js.Fenced(sc, row.Other); f != nil {
+				found = f
+				return errFound
+			}
+			return nil
+		})
+		if found != nil {
+			return found, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+var errFound = errors.New("found")
 
 // EraseObserver sees an erase's progress (tests hold it between chunks).
 type EraseObserver struct {
@@ -127,23 +191,35 @@ func (o *Applier) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 
 func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (storage.Receipt, error) {
 	sc, j := e.Scope, e.Job
-	if j.Op == storage.OpEraseNode {
-		for {
-			f := o.store.Journals().Fenced(sc, j.ID)
-			if f == nil {
-				break
+	// Every journal in flight that may still write a version the erase must
+	// rewrite: the node's own cascade, and the cascades of its neighbours
+	// (or of an edge's endpoints), which may narrow a shared edge. They
+	// finish first (bounded: a journal stuck for longer fails this attempt,
+	// which is retried after a backoff, and the erases behind it go on).
+	waitUntil := time.Now().Add(EraseWaitLimit)
+	for {
+		f, err := o.journalTouching(sc, j)
+		if err != nil {
+			return storage.Receipt{}, err
+		}
+		if f == nil {
+			break
+		}
+		if applyJournals {
+			if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
+				return storage.Receipt{}, fmt.Errorf("erase of %s %s: the cascade of node %s: %w", j.Op, j.ID, f.J.NodeID, err)
 			}
-			if applyJournals {
-				if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
-					return storage.Receipt{}, fmt.Errorf("erase of node %s: its cascade: %w", j.ID, err)
-				}
-				continue
-			}
-			select {
-			case <-f.Removed():
-			case <-ctx.Done():
-				return storage.Receipt{}, ctx.Err()
-			}
+			continue
+		}
+		timer := time.NewTimer(time.Until(waitUntil))
+		select {
+		case <-f.Removed():
+			timer.Stop()
+		case <-timer.C:
+			return storage.Receipt{}, fmt.Errorf("%w: erase of %s %s waited %s for the cascade of node %s (tx %s)", ErrEraseWaiting, j.Op, j.ID, EraseWaitLimit, f.J.NodeID, f.J.Tx)
+		case <-ctx.Done():
+			timer.Stop()
+			return storage.Receipt{}, ctx.Err()
 		}
 	}
 	head, ok, err := o.store.EraseHead(o.store.Reader(), e)
@@ -237,8 +313,13 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 			return nil
 		}
 		for _, c := range chunk {
-			h.Write(c.key)
-			h.Write(c.raw)
+			// The digest is over each version's own SHA-256, never the raw
+			// bytes: the hash state is stored in the head, and a SHA-256
+			// state keeps the last partial block of its input verbatim.
+			v := sha256.New()
+			v.Write(c.key)
+			v.Write(c.raw)
+			h.Write(v.Sum(nil))
 		}
 		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
 		if err != nil {
@@ -362,9 +443,14 @@ func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error
 // the compaction, so it first waits until no snapshot is open (journal
 // appliers hold one while they run).
 func (o *Applier) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubStats, error) {
+	waitUntil := time.Now().Add(EraseWaitLimit)
 	for {
-		if o.store.Engine().Metrics().Snapshots.Count == 0 {
+		n := o.store.Engine().Metrics().Snapshots.Count
+		if n == 0 {
 			break
+		}
+		if time.Now().After(waitUntil) {
+			return storage.ScrubStats{}, fmt.Errorf("%w: %d Pebble snapshots (journal appliers) stayed open for %s before the scrub", ErrEraseWaiting, n, EraseWaitLimit)
 		}
 		select {
 		case <-ctx.Done():

@@ -11,7 +11,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/storage"
 )
@@ -389,4 +392,79 @@ func TestEraseCrashAtEveryDurableCall(t *testing.T) {
 		e.close()
 	}
 	t.Logf("converged after a crash at each of %d durable calls", calls)
+}
+
+// slowWALRemoval is the OS filesystem with a slow delete of WAL files, so
+// an obsolete WAL outlives the flush that made it obsolete for a while.
+type slowWALRemoval struct{ vfs.FS }
+
+func (f slowWALRemoval) Remove(name string) error {
+	if strings.HasSuffix(name, ".log") {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return f.FS.Remove(name)
+}
+
+// TestEraseLeavesNoTraceOnDisk: erased data is gone from every file the
+// moment the erase returns, even when Pebble deletes obsolete WAL files
+// slowly (the scrub waits for the files themselves, not a metric), and
+// even the provenance of the erased hub's tombstone, which the deleted
+// head of its cascade journal held (the scrub compacts the jobs keyspace
+// too; small sstables keep those keys apart from the versions).
+func TestEraseLeavesNoTraceOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	st, err := storage.OpenStore(dir, storage.Options{Logger: noLog, FS: slowWALRemoval{vfs.Default}, Pebble: func(o *pebble.Options) {
+		o.TargetFileSizes[0] = 4 << 10
+		for i := range o.TargetFileSizes {
+			o.TargetFileSizes[i] = 4 << 10
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ops := New(st, Options{MaxBatchOps: 60, ChunkOps: 20, Logger: noLog})
+	sc := storage.MustScope("gdpr")
+	hub, other := uuid.New(), uuid.New()
+	const propsMark, reasonMark = "PROPS-OF-JOHN-DOE", "REASON-NAMES-JOHN-DOE"
+	if _, err := ops.PutNode(ctx, sc, storage.NodeWrite{ID: hub, ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: []byte(`{"n":"` + propsMark + `"}`), Prov: anon}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ops.PutNode(ctx, sc, storage.NodeWrite{ID: other, ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Prov: anon}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		if _, err := ops.PutEdge(ctx, sc, storage.EdgeWrite{ID: uuid.New(), Src: hub, Dst: other, Label: "x", ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
+			Props: []byte(`{"n":"` + propsMark + `"}`), Prov: anon}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc, err := ops.TombstoneNode(ctx, sc, hub, storage.NoTs, storage.Provenance{Actor: "ops", Reason: reasonMark, DecidedAt: storage.NoTs})
+	if err != nil || !rc.Journaled {
+		t.Fatalf("tombstone_node: %+v %v, want journaled", rc, err)
+	}
+	if len(markerFiles(t, dir, reasonMark)) == 0 || len(markerFiles(t, dir, propsMark)) == 0 {
+		t.Fatal("the markers are on no file before the erase: the check below would prove nothing")
+	}
+	out, _, err := ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpEraseNode, ID: hub, RequestID: "erase-1", ValidEnd: storage.NoTs, Prov: why}})
+	if err != nil || out[0].Kind != Erasing {
+		t.Fatalf("erase_node: %+v %v", out[0], err)
+	}
+	erc, err := ops.ApplyErase(ctx, out[0].Erase, EraseObserver{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if erc.Tx != rc.TxTime {
+		t.Errorf("erase of a dead node: receipt tx %s, want its tombstone's %s (no tx of its own)", erc.Tx, rc.TxTime)
+	}
+	for _, m := range []string{propsMark, reasonMark} {
+		if hits := markerFiles(t, dir, m); len(hits) > 0 {
+			t.Errorf("%s still on disk when the erase returned: %v", m, hits)
+			for _, h := range hits {
+				b, _ := os.ReadFile(filepath.Join(dir, h))
+				i := bytes.Index(b, []byte(m))
+				t.Logf("%s: ...%q...", h, b[max(0, i-120):min(len(b), i+40)])
+			}
+		}
+	}
 }

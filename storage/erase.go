@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,9 +55,10 @@ type EraseJob struct {
 	Fingerprint Fingerprint
 	Versions    uint64 // versions erased so far
 	// HashState is the SHA-256 state (its MarshalBinary) over what was
-	// erased so far: every erased version's key and old value, in scan
-	// order. A resumed erase continues it, so the final digest does not
-	// depend on where chunks (or crashes) fell.
+	// erased so far: the SHA-256 of every erased version's key and old
+	// value, in scan order (hashes, not the bytes: a hash state keeps its
+	// last partial input block verbatim). A resumed erase continues it, so
+	// the final digest does not depend on where chunks (or crashes) fell.
 	HashState []byte
 }
 
@@ -301,6 +304,7 @@ func (s *Store) EraseHead(r pebble.Reader, e *EraseEntry) (EraseJob, bool, error
 // transaction commits) and registers it.
 func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
 	t.touch(sc)
+	t.written = max(t.written, j.Tx)
 	j.CreatedAt = TsFromTime(t.s.clock.Wall().Now())
 	key := EraseJobKey(sc, j.Tx, j.Prov.RequestID)
 	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
@@ -375,11 +379,20 @@ var ErrScrub = errors.New("scrub incomplete")
 func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	start := time.Now()
 	var st ScrubStats
+	// The WAL files that exist now may hold the old values; the flush makes
+	// them obsolete, and Pebble deletes them in the background (a metric
+	// does not count those pending deletion): wait until they are gone.
+	lastWAL, err := s.lastWAL()
+	if err != nil {
+		return st, err
+	}
 	if err := s.eng.Flush(); err != nil {
 		return st, fmt.Errorf("%w: flush: %w", ErrStorage, err)
 	}
 	st.Flushed = true
-	for _, space := range []byte{ksNode, ksEdge} {
+	// The jobs keyspace too: a deleted journal head holds the provenance of
+	// the tombstone it wrote, which the erase removed from the versions.
+	for _, space := range []byte{ksNode, ksEdge, ksJobs} {
 		lo, hi := TenantRange(space, sc)
 		if err := s.eng.Compact(ctx, lo, hi, true); err != nil {
 			return st, fmt.Errorf("%w: compact: %w", ErrStorage, err)
@@ -390,6 +403,11 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	for {
 		m := s.eng.Metrics()
 		left := int64(m.Table.ObsoleteCount) + int64(m.Table.ZombieCount) + m.WAL.ObsoleteFiles
+		if n, err := s.walsUpTo(lastWAL); err != nil {
+			return st, err
+		} else {
+			left += int64(n)
+		}
 		st.ObsoleteLeft = left
 		if left == 0 {
 			break
@@ -405,4 +423,43 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	}
 	st.Took = time.Since(start)
 	return st, nil
+}
+
+// lastWAL returns the highest WAL file number in the store's directory (0
+// when it cannot tell: OpenEngine, no directory).
+func (s *Store) lastWAL() (uint64, error) {
+	var last uint64
+	err := s.eachWAL(func(n uint64) { last = max(last, n) })
+	return last, err
+}
+
+// walsUpTo counts the WAL files numbered n or less still in the directory.
+func (s *Store) walsUpTo(n uint64) (int, error) {
+	c := 0
+	err := s.eachWAL(func(m uint64) {
+		if m <= n {
+			c++
+		}
+	})
+	return c, err
+}
+
+func (s *Store) eachWAL(fn func(n uint64)) error {
+	if s.dir == "" || s.fs == nil {
+		return nil
+	}
+	names, err := s.fs.List(s.dir)
+	if err != nil {
+		return fmt.Errorf("%w: list %s: %w", ErrStorage, s.dir, err)
+	}
+	for _, name := range names {
+		num, ok := strings.CutSuffix(name, ".log")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(num, 10, 64); err == nil {
+			fn(n)
+		}
+	}
+	return nil
 }

@@ -12,11 +12,15 @@ import (
 // Two things could make a read at (v, t) answer differently later:
 //
 //  1. A tx handed out but not committed yet. Every tx is allocated inside a
-//     writer task and lands in that task's batch (or never, if the task
-//     fails), so once a task has ended nothing will ever be written at or
-//     below the clock's last tx by a later task: the writer records that
-//     tx as committed (Committed) at the end of every task. Reads above it
-//     are not repeatable yet.
+//     writer task, strictly increasing, and lands in that task's batch (or
+//     never: a failed commit, a request refused after taking one). When a
+//     batch has committed, the committed tx (Committed) advances to the
+//     highest tx the batch wrote under (Txn.written), before the task's
+//     result is delivered: no later task will write at or below it. Txs
+//     taken and never written do not advance it, so it is always the tx of
+//     a durable record, and a restart (which derives the clock's mark from
+//     durable records) starts it where it was. Reads above it are not
+//     repeatable yet.
 //  2. A journal in flight. Its chunks land at its own, older tx J, but only
 //     on its frozen neighbourhood (JournalEntry): its node and the edges
 //     touching it. A read that touches none of those is repeatable at any

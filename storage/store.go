@@ -75,8 +75,12 @@ type Store struct {
 
 	journals *Journals
 	erases   *Erases
-	stalls   *StallCounter
-	closed   atomic.Bool
+	// dir and fs are Pebble's directory and filesystem (erasure's scrub
+	// checks the WAL files itself; empty for OpenEngine).
+	dir    string
+	fs     vfs.FS
+	stalls *StallCounter
+	closed atomic.Bool
 
 	minFree  uint64
 	diskFree func() (uint64, error)
@@ -119,6 +123,10 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.stalls = pe.Stalls()
+	s.dir, s.fs = dir, opts.FS
+	if s.fs == nil {
+		s.fs = vfs.Default
+	}
 	if s.diskFree == nil && s.minFree > 0 {
 		s.diskFree = func() (uint64, error) { return statfsFree(dir) }
 	}
@@ -164,7 +172,7 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 	if err := s.loadErases(); err != nil {
 		return nil, err
 	}
-	s.w = newWriter(opts.OnWriterTask, func() { s.committed.advance(s.clock.Last()) })
+	s.w = newWriter(opts.OnWriterTask, nil)
 	return s, nil
 }
 
@@ -445,6 +453,8 @@ func (s *Store) update(fn func(*Txn) error) (err error) {
 		t.rollback()
 		return err
 	}
+	// Before the task's result is delivered (safetime.go).
+	s.committed.advance(t.written)
 	if len(t.newTenants) > 0 {
 		s.tenantsMu.Lock()
 		for tn := range t.newTenants {

@@ -28,6 +28,10 @@ type Txn struct {
 	newTenants  map[string]bool
 	rollbacks   []func()
 	afterCommit []func()
+	// written is the highest tx this transaction writes under (versions,
+	// journal and erase heads): once it commits, the committed tx reaches
+	// it (safetime.go). Txs taken and not written do not count.
+	written Ts
 }
 
 // Reader reads committed state plus this transaction's pending writes.
@@ -144,6 +148,7 @@ func (t *Txn) Latest(sc Scope, k Kind, id uuid.UUID) (Version, bool, error) {
 // WriteVersion appends a version's puts (3 for a node, 5 for an edge).
 func (t *Txn) WriteVersion(sc Scope, v *Version) {
 	t.touch(sc)
+	t.written = max(t.written, v.Tx.Start)
 	t.w.Append(t.b, sc, v)
 }
 
@@ -374,6 +379,7 @@ func (t *Txn) BeginQuietJournal(sc Scope, node uuid.UUID, validEnd, tx Ts, prov 
 
 func (t *Txn) beginJournal(sc Scope, j Journal) *JournalEntry {
 	t.touch(sc)
+	t.written = max(t.written, j.Tx)
 	node, tx := j.NodeID, j.Tx
 	j.CreatedAt = TsFromTime(t.s.clock.Wall().Now())
 	key := JobKey(sc, CascadeJournalState, 0, tx, JournalJobID(node, tx))

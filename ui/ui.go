@@ -206,7 +206,7 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 			}
 			if row.Rate > 0 && j.EdgesTotal > 0 {
 				left := float64(int64(j.EdgesTotal)-j.EdgesDone) / row.Rate
-				row.ETA = (time.Duration(left*float64(time.Second))).Round(time.Second).String()
+				row.ETA = (time.Duration(left * float64(time.Second))).Round(time.Second).String()
 			}
 			rows = append(rows, row)
 		}
