@@ -1,0 +1,392 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Browser tests of the status page (/ui/), in headless Chromium (Debian's
+// chromium package; .ci/run installs it). They fail, not skip, when CI is
+// set and no browser is found. Screenshots of each page are kept under
+// $TELHA_UI_SCREENSHOTS (default: a directory in the system's temp dir).
+
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+	shot string // screenshots directory
+
+	mu     sync.Mutex
+	errors []string
+}
+
+func chromiumPath(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("no Chromium on a CI machine: .ci/run installs Debian's chromium package")
+	}
+	t.Skip("no Chromium here (apt-get install -y chromium); CI runs this test")
+	return ""
+}
+
+func newBrowser(t *testing.T, base string) *browser {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromiumPath(t)), chromedp.NoSandbox,
+		chromedp.Flag("window-size", "1280,1000"), chromedp.Flag("disable-gpu", true))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelA() })
+	b := &browser{t: t, ctx: ctx, base: base, shot: os.Getenv("TELHA_UI_SCREENSHOTS")}
+	if b.shot == "" {
+		b.shot = filepath.Join(os.TempDir(), "telha-ui-screenshots")
+	}
+	_ = os.MkdirAll(b.shot, 0o755)
+	// Console errors, exceptions and browser-log errors (a blocked asset, a
+	// CSP violation) of every page.
+	console := chromedp.Console(ctx)
+	go func() {
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if m.Type == "error" || m.IsException() {
+				b.record(m.String())
+			}
+		}
+	}()
+	// confirm() of retry and discard: yes.
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for _, err := range dialogs {
+			if err != nil {
+				return
+			}
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	return b
+}
+
+func (b *browser) record(s string) {
+	b.mu.Lock()
+	b.errors = append(b.errors, s)
+	b.mu.Unlock()
+}
+
+// open loads a page and fails on any console error it logged.
+func (b *browser) open(path string) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, chromedp.Navigate(b.base+path), chromedp.WaitReady(chromedp.CSS("body"))); err != nil {
+		b.t.Fatalf("GET %s: %v", path, err)
+	}
+	b.noErrors(path)
+}
+
+func (b *browser) noErrors(where string) {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.errors) > 0 {
+		b.t.Fatalf("%s: console errors: %v", where, b.errors)
+	}
+}
+
+func (b *browser) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.CaptureScreenshot()) // the viewport, 1280 x 1000
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	p := filepath.Join(b.shot, name+".png")
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Logf("screenshot %s", p)
+}
+
+// nodes returns the elements matching sel (none is fine).
+func (b *browser) nodes(sel string) []*chromedp.Node {
+	b.t.Helper()
+	ns, err := chromedp.Run(b.ctx, chromedp.Nodes(chromedp.CSSAll(sel), chromedp.AtLeast(0)))
+	if err != nil {
+		b.t.Fatalf("query %s: %v", sel, err)
+	}
+	return ns
+}
+
+func (b *browser) count(sel string) int { return len(b.nodes(sel)) }
+
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		b.t.Fatalf("text of %s: %v", sel, err)
+	}
+	return s
+}
+
+func (b *browser) attr(sel, name string) string {
+	ns := b.nodes(sel)
+	if len(ns) == 0 {
+		return ""
+	}
+	return ns[0].AttributeValue(name)
+}
+
+// until reloads path until ok says so (60 s at most).
+func (b *browser) until(path, what string, ok func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b.open(path)
+		if ok() {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s: not seen on %s within 60s", what, path)
+		}
+	}
+}
+
+// buildHub writes a hub with n edges straight into a worker's data
+// directory (before the worker starts), 10,000 edges a transaction.
+func buildHub(t *testing.T, dir, tenant string, n int) uuid.UUID {
+	t.Helper()
+	st, err := storage.OpenStore(filepath.Join(dir, "pebble"), storage.Options{Logger: testLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sc := storage.MustScope(tenant)
+	hub := uuid.New()
+	open := storage.NodeWrite{ValidFrom: storage.NoTs, ValidTo: storage.NoTs}
+	for done := -1; done < n; {
+		err := st.Update(context.Background(), func(tx *storage.Txn) error {
+			if done < 0 {
+				w := open
+				w.ID = hub
+				_, err := tx.PutNode(sc, w)
+				done = 0
+				return err
+			}
+			for i := 0; i < 10_000 && done < n; i, done = i+1, done+1 {
+				w := open
+				w.ID = uuid.New()
+				if _, err := tx.PutNode(sc, w); err != nil {
+					return err
+				}
+				if _, err := tx.PutEdge(sc, storage.EdgeWrite{ID: uuid.New(), Src: hub, Dst: w.ID, Label: "rel", ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return hub
+}
+
+// TestBrowserStatusPage drives the status page of a real worker in
+// headless Chromium: every page loads without a console error; a journal's
+// bar advances during a 200k-edge cascade (20k under -race) and the page
+// shows it done; the explorer shows the hub alive just before its
+// tombstone's tx and dead at it, with its edges; a poison message appears
+// under dead letters, retry republishes it to its original subject and it
+// comes back as a new dead letter, discard removes another, and the list
+// says so each time; the request lookup answers.
+func TestBrowserStatusPage(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	edges := 200_000
+	if raceOn || testing.Short() {
+		edges = 20_000
+	}
+	hub := buildHub(t, dir, "acme", edges)
+	w := startWorker(t, ns, dir, Options{}, "--max-batch-ops", "5000", "--journal-chunk-ops", "1000")
+	bus := newBus(t, ns)
+	b := newBrowser(t, w.base)
+
+	b.open("/ui/")
+	if b.count("#requests-total") != 1 || !strings.Contains(b.text("#partitions"), "owns partitions") {
+		t.Fatal("overview: figures missing")
+	}
+	b.screenshot("overview")
+
+	// The cascade, watched on the journals page.
+	rid := bus.send("acme", tombNode(hub.String()))
+	var first int
+	progress := func() (done, total int) {
+		done, _ = strconv.Atoi(b.attr(".journal", "data-done"))
+		total, _ = strconv.Atoi(b.attr(".journal", "data-total"))
+		return
+	}
+	b.until("/ui/journals", "a journal with progress", func() bool {
+		if b.count(".journal") == 0 {
+			return false
+		}
+		first, _ = progress()
+		return first > 0
+	})
+	b.screenshot("journals")
+	b.until("/ui/journals", "the journal's bar advancing", func() bool {
+		if b.count(".journal") == 0 {
+			return true // done already: it advanced to the end
+		}
+		done, total := progress()
+		return done > first && total == edges
+	})
+	res := mustOK(t, bus.wait(rid))
+	b.until("/ui/journals", "the journal done", func() bool { return b.count("#no-journals") == 1 })
+
+	// The explorer: alive just before the tombstone's tx, dead at it.
+	tx := parseTx(t, res.TxTime)
+	at := func(tx storage.Ts) string {
+		return "/ui/explorer?" + url.Values{"tenant": {"acme"}, "kind": {"node"}, "id": {hub.String()}, "tx": {tx.Time().Format(storage.TimeLayout)}}.Encode()
+	}
+	b.open(at(tx - 1))
+	if s := b.text("#state"); s != "alive" || b.count("tr.edge") == 0 || b.count("#history-svg rect") != 2 {
+		t.Fatalf("explorer before the tombstone: state %q, %d edges, %d boxes", s, b.count("tr.edge"), b.count("#history-svg rect"))
+	}
+	b.screenshot("explorer")
+	b.open(at(tx))
+	if s := b.text("#state"); !strings.HasPrefix(s, "absent") || b.count("tr.edge") != 0 || b.count("#history-svg rect.tombstone") != 1 {
+		t.Fatalf("explorer at the tombstone: state %q, %d edges", s, b.count("tr.edge"))
+	}
+
+	// Dead letters: a poison message, retried (it comes back), another
+	// discarded.
+	poison := func() string {
+		id := uuid.NewString()
+		bus.sendRaw("telha.req.acme", []byte(`{"request_id":"`+id+`","op":"put_node","tenant":"acme","id":"not-a-uuid"}`), "acme."+id)
+		if r := bus.wait(id); r.Status != queue.StatusInvalid {
+			t.Fatalf("poison: %+v", r)
+		}
+		return id
+	}
+	p1 := poison()
+	row := func(rid string) (seq string) { return b.attr(fmt.Sprintf(`tr.letter[data-request=%q]`, rid), "data-seq") }
+	var seq1 string
+	b.until("/ui/dlq", "the poison message under dead letters", func() bool { seq1 = row(p1); return seq1 != "" })
+	b.screenshot("dead-letters")
+	b.do("retry", chromedp.Click(chromedp.CSS(fmt.Sprintf("#letter-%s .retry", seq1))), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := b.text("#flash"); !strings.Contains(f, "retried") || !strings.Contains(f, "telha.req.acme") {
+		t.Fatalf("after retry: %q", f)
+	}
+	b.noErrors("retry")
+	b.until("/ui/dlq", "the retried poison back as a new dead letter", func() bool { s := row(p1); return s != "" && s != seq1 })
+	p2 := poison()
+	var seq2 string
+	b.until("/ui/dlq", "a second poison message", func() bool { seq2 = row(p2); return seq2 != "" })
+	b.do("discard", chromedp.Click(chromedp.CSS(fmt.Sprintf("#letter-%s .discard", seq2))), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := b.text("#flash"); !strings.Contains(f, "discarded") {
+		t.Fatalf("after discard: %q", f)
+	}
+	if row(p2) != "" {
+		t.Fatal("the discarded dead letter is still listed")
+	}
+	b.noErrors("discard")
+
+	// Request lookup.
+	b.open("/ui/requests?" + url.Values{"tenant": {"acme"}, "id": {rid}}.Encode())
+	if a := b.text("#answer"); !strings.Contains(a, rid) || !strings.Contains(a, `"journaled": true`) {
+		t.Fatalf("request lookup: %q", a)
+	}
+	b.screenshot("request-lookup")
+}
+
+// TestBrowserStatusPageTokens: with a tokens file, the page asks for a
+// sign-in; a read token sees dead letters without retry or discard, and a
+// retry posted anyway is refused (403); a token of another tenant sees
+// nothing of the first (its dead letters, journals and nodes); an operate
+// token gets the buttons.
+func TestBrowserStatusPageTokens(t *testing.T) {
+	ns := testnats.Start(t)
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	toks := `{"tokens": [
+		{"name": "reader-a", "token": "reader-token-for-acme-01", "tenants": ["acme"], "role": "read"},
+		{"name": "oper-a", "token": "operator-token-for-acme-1", "tenants": ["acme"], "role": "operate"},
+		{"name": "reader-b", "token": "reader-token-for-beta-01", "tenants": ["beta"], "role": "read"}]}`
+	if err := os.WriteFile(path, []byte(toks), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, ns, t.TempDir(), Options{}, "--auth-tokens-file", path)
+	bus := newBus(t, ns)
+	n := uuid.NewString()
+	mustOK(t, bus.wait(bus.send("acme", node(n))))
+	id := uuid.NewString()
+	bus.sendRaw("telha.req.acme", []byte(`{"request_id":"`+id+`","op":"put_node","tenant":"acme","id":"bad"}`), "acme."+id)
+	if r := bus.wait(id); r.Status != queue.StatusInvalid {
+		t.Fatalf("poison: %+v", r)
+	}
+	signIn := func(tok string) *browser {
+		b := newBrowser(t, w.base)
+		b.do("sign in", chromedp.Navigate(w.base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), tok), chromedp.Click(chromedp.CSS("#signin")),
+			chromedp.WaitVisible(chromedp.CSS("#requests-total")))
+		loc, err := chromedp.Run(b.ctx, chromedp.Location())
+		if err != nil || !strings.HasSuffix(loc, "/ui/") {
+			t.Fatalf("after sign-in at %s", loc)
+		}
+		return b
+	}
+	ra := signIn("reader-token-for-acme-01")
+	ra.open("/ui/dlq")
+	if ra.count("tr.letter") != 1 || ra.count(".retry") != 0 || ra.count(".discard") != 0 {
+		t.Fatalf("read token: %d dead letters, %d retry buttons", ra.count("tr.letter"), ra.count(".retry"))
+	}
+	seq := ra.attr("tr.letter", "data-seq")
+	status, err := chromedp.Run(ra.ctx, chromedp.Evaluate[int](fmt.Sprintf(`fetch('/ui/dlq/%s/retry', {method: 'POST', body: new URLSearchParams({csrf: document.querySelector('meta[name=csrf]').content})}).then(r => r.status)`, seq),
+		chromedp.EvalAwaitPromise))
+	if err != nil || status != 403 {
+		t.Fatalf("a read token posting a retry: %d %v, want 403", status, err)
+	}
+	ra.screenshot("dead-letters-read-token")
+
+	rb := signIn("reader-token-for-beta-01")
+	rb.open("/ui/dlq")
+	if rb.count("tr.letter") != 0 {
+		t.Fatal("a token of tenant beta sees acme's dead letters")
+	}
+	rb.open("/ui/explorer?" + url.Values{"tenant": {"acme"}, "kind": {"node"}, "id": {n}}.Encode())
+	if e := rb.text("#error"); !strings.Contains(e, "may not read tenant") || rb.count("#state") != 0 {
+		t.Fatalf("a token of tenant beta exploring acme: %q", e)
+	}
+	rb.open("/ui/requests?" + url.Values{"tenant": {"acme"}, "id": {id}}.Encode())
+	if a := rb.text("#answer"); !strings.Contains(a, "may not read tenant") || strings.Contains(a, "status") {
+		t.Fatalf("a token of tenant beta looking up acme's request: %q", a)
+	}
+
+	oa := signIn("operator-token-for-acme-1")
+	oa.open("/ui/dlq")
+	if oa.count(".retry") != 1 || oa.count(".discard") != 1 {
+		t.Fatal("an operate token gets no retry and discard")
+	}
+}
