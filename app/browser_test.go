@@ -292,7 +292,9 @@ func TestBrowserStatusPage(t *testing.T) {
 		return id
 	}
 	p1 := poison()
-	row := func(rid string) (seq string) { return b.attr(fmt.Sprintf(`tr.letter[data-request=%q]`, rid), "data-seq") }
+	row := func(rid string) (seq string) {
+		return b.attr(fmt.Sprintf(`tr.letter[data-request=%q]`, rid), "data-seq")
+	}
 	var seq1 string
 	b.until("/ui/dlq", "the poison message under dead letters", func() bool { seq1 = row(p1); return seq1 != "" })
 	b.screenshot("dead-letters")
