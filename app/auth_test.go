@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
@@ -64,5 +65,23 @@ func TestE2EAuthTokens(t *testing.T) {
 		if _, err := ParseFlags(append([]string{"--data-dir", t.TempDir()}, args...), func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "auth") {
 			t.Errorf("flags %v: %v, want a usage error about --auth", args, err)
 		}
+	}
+}
+
+// TestOverviewRatesOverTheLastMinute: the overview's rates are against the
+// oldest count it saw in the last minute, none on a first load.
+func TestOverviewRatesOverTheLastMinute(t *testing.T) {
+	var w rateWindow
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if base, _ := w.window(t0, map[string]float64{"ok": 10}); base != nil {
+		t.Fatal("a first load has no window")
+	}
+	base, since := w.window(t0.Add(30*time.Second), map[string]float64{"ok": 40})
+	if base["ok"] != 10 || since != 30*time.Second {
+		t.Fatalf("after 30 s: %v over %s, want 10 over 30s", base, since)
+	}
+	base, since = w.window(t0.Add(80*time.Second), map[string]float64{"ok": 100})
+	if base["ok"] != 40 || since != 50*time.Second {
+		t.Fatalf("after 80 s: %v over %s, want the 30 s sample (40) over 50s", base, since)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -70,6 +71,7 @@ func (d deadLetters) Discard(ctx context.Context, seq uint64) error {
 func (a *App) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
+	rates := &rateWindow{}
 	return ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
 		DeadLetters: deadLetters{js: a.worker.JetStream(), stream: qc.DLQStream, prefix: qc.Prefix},
 		Overview: func(ctx context.Context) ui.Overview {
@@ -86,13 +88,26 @@ func (a *App) uiHandler() http.Handler {
 						}
 					}
 				}
+				// Rates over the last minute: against the oldest sample of
+				// the last 60 s that the page's earlier loads took (since
+				// start when there is none yet).
+				now := time.Now()
+				base, since := rates.window(now, byStatus)
+				if base == nil {
+					base, since = map[string]float64{}, now.Sub(started)
+				}
+				secs = max(since.Seconds(), 1e-3)
+				o.RateWindow = since.Round(time.Second).String()
+				var total, baseTotal float64
 				for st, n := range byStatus {
 					if n > 0 {
 						o.RequestsTotal += n
-						o.ByStatus = append(o.ByStatus, ui.StatusCount{Status: st, Count: n, PerSec: n / secs})
+						o.ByStatus = append(o.ByStatus, ui.StatusCount{Status: st, Count: n, PerSec: (n - base[st]) / secs})
 					}
+					total += n
+					baseTotal += base[st]
 				}
-				o.RequestsPerSec = o.RequestsTotal / secs
+				o.RequestsPerSec = (total - baseTotal) / secs
 			}
 			if st := a.worker.Stats(); st != nil {
 				o.Pending, o.AckPending = fmt.Sprint(st.Pending), fmt.Sprint(st.AckPending)
@@ -161,4 +176,42 @@ func withUI(h http.Handler, page func() http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// rateWindow keeps the request counts the overview saw over the last two
+// minutes, to show rates over the last minute.
+type rateWindow struct {
+	mu      sync.Mutex
+	samples []rateSample
+}
+
+type rateSample struct {
+	at     time.Time
+	counts map[string]float64
+}
+
+// window records counts at now and returns the oldest sample of the last
+// 60 s before it (nil when there is none) and how long ago it was taken.
+func (w *rateWindow) window(now time.Time, counts map[string]float64) (map[string]float64, time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := w.samples[:0]
+	for _, s := range w.samples {
+		if now.Sub(s.at) <= 2*time.Minute {
+			keep = append(keep, s)
+		}
+	}
+	w.samples = keep
+	var base *rateSample
+	for i := range w.samples {
+		if now.Sub(w.samples[i].at) <= time.Minute {
+			base = &w.samples[i]
+			break
+		}
+	}
+	w.samples = append(w.samples, rateSample{at: now, counts: counts})
+	if base == nil || now.Sub(base.at) < time.Second {
+		return nil, 0
+	}
+	return base.counts, now.Sub(base.at)
 }

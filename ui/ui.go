@@ -47,6 +47,7 @@ type DeadLetters interface {
 type Overview struct {
 	RequestsTotal  float64
 	RequestsPerSec float64
+	RateWindow     string // the span the rates are over
 	ByStatus       []StatusCount
 	Pending        string
 	AckPending     string
