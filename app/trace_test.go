@@ -131,6 +131,11 @@ func TestTraceContextAcrossTheQueue(t *testing.T) {
 	}
 	check("journaled tombstone_node", tr, waitHeader(rid), "telha.decode", "telha.group_commit", "telha.journal", "telha.journal.chunk")
 
+	// An erase (of the dead hub): and the erase.
+	rid, tr = traced(eraseNode(hub, "art. 17"))
+	mustOK(t, b.wait(rid))
+	check("erase_node", tr, waitHeader(rid), "telha.decode", "telha.group_commit", "telha.erase")
+
 	// An invalid request: decode, dead letter; its dead letter and result
 	// carry the trace.
 	rid, tr = traced(map[string]any{"op": "put_node", "id": "not-a-uuid"})

@@ -103,6 +103,7 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 		}
 	}
 	e := t.BeginErase(sc, storage.EraseJob{Op: r.Op, ID: r.ID, Tx: tx, Prov: r.Prov, Fingerprint: fp})
+	e.SetTraceparent(r.Traceparent)
 	if o.eraseSink != nil {
 		t.AfterCommit(func() { o.eraseSink.BeginErase(e) })
 	}

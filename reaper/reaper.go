@@ -302,7 +302,21 @@ func (s *Service) eraseLoop() {
 			if f.n > 0 && s.cfg.Clock.Now().Sub(f.at) < backoff(s.cfg.RetryBackoff, f.n) {
 				continue
 			}
+			tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.erase", trace.WithAttributes(
+				attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
+				attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
 			rc, err := s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
+			if err != nil {
+				span.SetStatus(codes.Error, err.Error())
+			} else if span.SpanContext().IsValid() {
+				span.SetAttributes(attribute.Int64("telha.versions_erased", int64(rc.VersionsErased)))
+				m := propagation.MapCarrier{}
+				propagation.TraceContext{}.Inject(tctx, m)
+				s.traceMu.Lock()
+				s.traces[e.Scope.Tenant()+"\x00"+e.Job.Prov.RequestID] = m["traceparent"]
+				s.traceMu.Unlock()
+			}
+			span.End()
 			if errors.Is(err, storage.ErrJournalGone) {
 				err = nil // finished meanwhile (a previous attempt's batch landed)
 			}

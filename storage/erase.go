@@ -205,6 +205,24 @@ type EraseEntry struct {
 	HeadKey []byte
 	Job     EraseJob // as committed at the commit point (progress is in the store)
 	removed chan struct{}
+
+	traceMu     sync.Mutex
+	traceparent string // the request's W3C traceparent, in memory only
+}
+
+// SetTraceparent records the W3C traceparent of the erase's request
+// (tracing; not stored).
+func (e *EraseEntry) SetTraceparent(tp string) {
+	e.traceMu.Lock()
+	defer e.traceMu.Unlock()
+	e.traceparent = tp
+}
+
+// Traceparent returns what SetTraceparent recorded ("" when nothing).
+func (e *EraseEntry) Traceparent() string {
+	e.traceMu.Lock()
+	defer e.traceMu.Unlock()
+	return e.traceparent
 }
 
 // Removed is closed when the erase has finished (its head deleted).
