@@ -53,11 +53,6 @@ type Token struct {
 	Role    Role     `json:"role"`
 }
 
-// tenant reports whether the token may see tenant t.
-func (t *Token) tenant(name string) bool {
-	return slices.Contains(t.Tenants, "*") || slices.Contains(t.Tenants, name)
-}
-
 // ErrTokensFile: the tokens file cannot be read or is malformed.
 var ErrTokensFile = errors.New("tokens file")
 
@@ -190,59 +185,72 @@ func (a *Auth) lookup(bearer string) *Token {
 	return a.tokens[sha256.Sum256([]byte(bearer))]
 }
 
-type tokenKey struct{}
+type principalKey struct{}
 
-// tokenOf returns the token a request was admitted with (nil: loopback or
-// auth off, which see every tenant).
-func tokenOf(ctx context.Context) *Token {
-	t, _ := ctx.Value(tokenKey{}).(*Token)
-	return t
-}
-
-// mayRead reports whether the request's token may see tenant t.
+// mayRead reports whether the request's principal may see tenant t (a
+// request admitted without a gate sees every tenant).
 func mayRead(ctx context.Context, t string) bool {
-	tok := tokenOf(ctx)
-	return tok == nil || tok.tenant(t)
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return !ok || p.Sees(t)
 }
 
-// admit decides a /v1/ request from its path, before anything is read. It
-// returns the request to serve (carrying its token), or false when it
-// wrote the refusal.
-func (a *Auth) admit(w http.ResponseWriter, r *http.Request, needs Role) (*http.Request, bool) {
+// identify says who a request is: everyone (--auth off, or a loopback
+// client without tokens configured) or a token's holder. The token comes
+// from the Authorization header, or, when cookie is set (the status
+// page), from the TokenCookie cookie. ok is false, with the status and
+// message to answer and the refusal counted, when it is no one.
+func (a *Auth) identify(r *http.Request, cookie bool) (p Principal, ok bool, status int, msg string) {
 	switch a.mode {
 	case AuthOff:
-		return r, true
+		return Principal{Name: "anyone (--auth off)", All: true}, true, 0, ""
 	case AuthLoopback:
 		host, _, err := net.SplitHostPort(r.RemoteAddr)
 		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
-			return r, true
+			return Principal{Name: "loopback", All: true}, true, 0, ""
 		}
 		a.denied("loopback_only")
-		writeError(w, http.StatusUnauthorized, "this worker's API answers loopback clients only: it has no --auth-tokens-file (and no --auth off)")
-		return nil, false
+		return p, false, http.StatusUnauthorized, "this worker's API answers loopback clients only: it has no --auth-tokens-file (and no --auth off)"
 	}
-	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if bearer == "" && cookie {
+		if c, err := r.Cookie(TokenCookie); err == nil {
+			bearer = c.Value
+		}
+	}
 	var tok *Token
-	if ok && bearer != "" {
+	if bearer != "" {
 		tok = a.lookup(bearer)
 	}
 	if tok == nil {
 		a.denied("unauthenticated")
-		w.Header().Set("WWW-Authenticate", `Bearer realm="telha-cascade"`)
-		writeError(w, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)")
-		return nil, false
+		return p, false, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)"
 	}
-	if needs == RoleOperate && tok.Role != RoleOperate {
+	return Principal{Name: tok.Name, Tenants: tok.Tenants, Role: tok.Role}, true, 0, ""
+}
+
+// admit decides a /v1/ request from its path, before anything is read. It
+// returns the request to serve (carrying its principal), or false when it
+// wrote the refusal.
+func (a *Auth) admit(w http.ResponseWriter, r *http.Request, needs Role) (*http.Request, bool) {
+	p, ok, status, msg := a.identify(r, false)
+	switch {
+	case !ok:
+		if a.mode == AuthTokens {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="telha-cascade"`)
+		}
+		writeError(w, status, msg)
+		return nil, false
+	case needs == RoleOperate && !p.Operates():
 		a.denied("forbidden_role")
-		writeError(w, http.StatusForbidden, fmt.Sprintf("token %q has role %s; this needs operate", tok.Name, tok.Role))
+		writeError(w, http.StatusForbidden, fmt.Sprintf("token %q has role %s; this needs operate", p.Name, p.Role))
 		return nil, false
 	}
-	if t, ok := tenantOfPath(r.URL.Path); ok && !tok.tenant(t) {
+	if t, ok := tenantOfPath(r.URL.Path); ok && !p.Sees(t) {
 		a.denied("forbidden_tenant")
-		writeError(w, http.StatusForbidden, fmt.Sprintf("token %q may not read tenant %s", tok.Name, quoteTenant(t)))
+		writeError(w, http.StatusForbidden, fmt.Sprintf("token %q may not read tenant %s", p.Name, quoteTenant(t)))
 		return nil, false
 	}
-	return r.WithContext(context.WithValue(r.Context(), tokenKey{}, tok)), true
+	return r.WithContext(context.WithValue(r.Context(), principalKey{}, p)), true
 }
 
 // tenantOfPath returns {t} of /v1/tenants/{t}/...
@@ -282,37 +290,10 @@ func (p Principal) Operates() bool { return p.All || p.Role == RoleOperate }
 // TokenCookie is the cookie the status page keeps a token in.
 const TokenCookie = "telha_token"
 
-// Principal identifies a request for the status page: a bearer token from
-// the Authorization header or the TokenCookie cookie. ok is false (with
-// the status and message to answer) when the request may not see the page
-// at all.
+// Principal identifies a request for the status page (see identify; the
+// page keeps its sign-in in the TokenCookie cookie).
 func (a *Auth) Principal(r *http.Request) (p Principal, ok bool, status int, msg string) {
-	switch a.mode {
-	case AuthOff:
-		return Principal{Name: "anyone (--auth off)", All: true}, true, 0, ""
-	case AuthLoopback:
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
-			return Principal{Name: "loopback", All: true}, true, 0, ""
-		}
-		a.denied("loopback_only")
-		return p, false, http.StatusUnauthorized, "this worker answers loopback clients only: it has no --auth-tokens-file (and no --auth off)"
-	}
-	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if bearer == "" {
-		if c, err := r.Cookie(TokenCookie); err == nil {
-			bearer = c.Value
-		}
-	}
-	var tok *Token
-	if bearer != "" {
-		tok = a.lookup(bearer)
-	}
-	if tok == nil {
-		a.denied("unauthenticated")
-		return p, false, http.StatusUnauthorized, "sign in with a token"
-	}
-	return Principal{Name: tok.Name, Tenants: tok.Tenants, Role: tok.Role}, true, 0, ""
+	return a.identify(r, true)
 }
 
 // Denied counts a refusal the status page makes (forbidden_tenant,

@@ -11,8 +11,9 @@ import (
 // Erasure is the answer of /v1/tenants/{t}/erasures/{request_id}: the
 // erasure record of an erase_node or erase_edge (state done), or, while it
 // runs, its progress (state in_flight). It never holds erased data: the
-// digest is SHA-256 over the erased versions' keys and old values, in key
-// order, so whoever kept a copy can prove what was erased.
+// digest is SHA-256 over the SHA-256 of each erased version's key and old
+// value, in the order erased, so whoever kept a copy can prove what was
+// erased.
 type Erasure struct {
 	RequestID      string  `json:"request_id"`
 	Tenant         string  `json:"tenant"`

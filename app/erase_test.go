@@ -1,17 +1,15 @@
 package app
 
 import (
-	"bytes"
 	"fmt"
-	"io/fs"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 )
@@ -33,20 +31,7 @@ func eraseEdge(id, reason string) map[string]any {
 // filesWith lists the files under dir holding s, byte by byte.
 func filesWith(t *testing.T, dir, s string) []string {
 	t.Helper()
-	var hits []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if bytes.Contains(b, []byte(s)) {
-			hits = append(hits, strings.TrimPrefix(p, dir))
-		}
-		return nil
-	})
+	hits, err := diskscan.FilesContaining(dir, s)
 	if err != nil {
 		t.Fatal(err)
 	}

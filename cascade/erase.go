@@ -56,10 +56,11 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 			return nil, 0, fmt.Errorf("%w: node %s", ErrNotFound, r.ID)
 		}
 		tx = latest.Tx.Start
-		if f := t.Fenced(sc, r.ID); f != nil {
-			tx = max(tx, f.J.Tx)
+		fence := t.Fenced(sc, r.ID)
+		if fence != nil {
+			tx = max(tx, fence.J.Tx) // its cascade lands at the journal's tx
 		}
-		if !latest.Tombstone && t.Fenced(sc, r.ID) == nil {
+		if !latest.Tombstone && fence == nil {
 			// Still live: its cascade first, exactly as tombstone_node.
 			tr := *r
 			tr.Op = storage.OpTombstoneNode
@@ -295,7 +296,7 @@ func (o *Ops) ResumeErases(ctx context.Context) (int, error) {
 type erasedVersion struct {
 	key []byte
 	v   storage.Version
-	raw []byte
+	sum [32]byte // SHA-256 of its key and old value
 }
 
 // eraseVersions rewrites every version of the erase's target that is not
@@ -304,7 +305,13 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 	snap := o.store.NewSnapshot()
 	defer snap.Close()
 	sc, j := e.Scope, e.Job
-	var chunk []erasedVersion
+	// A chunk's versions, their keys in one buffer reused from chunk to
+	// chunk (no allocation per version in a million-version erase).
+	var (
+		chunk []erasedVersion
+		keys  []byte
+		vh    = sha256.New()
+	)
 	h, err := eraseHash(head.HashState)
 	if err != nil {
 		return err
@@ -313,14 +320,8 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 		if len(chunk) == 0 {
 			return nil
 		}
-		for _, c := range chunk {
-			// The digest is over each version's own SHA-256, never the raw
-			// bytes: the hash state is stored in the head, and a SHA-256
-			// state keeps the last partial block of its input verbatim.
-			v := sha256.New()
-			v.Write(c.key)
-			v.Write(c.raw)
-			h.Write(v.Sum(nil))
+		for i := range chunk {
+			h.Write(chunk[i].sum[:])
 		}
 		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
 		if err != nil {
@@ -340,7 +341,7 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 			return fmt.Errorf("erase of %s %s: %w", j.Op, j.ID, err)
 		}
 		*head = next
-		chunk = chunk[:0]
+		chunk, keys = chunk[:0], keys[:0]
 		if obs.Chunk != nil {
 			obs.Chunk(head.Versions)
 		}
@@ -356,7 +357,18 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 			if ver.Erased {
 				return nil
 			}
-			chunk = append(chunk, erasedVersion{key: append([]byte(nil), k...), v: ver, raw: append([]byte(nil), v...)})
+			// The digest is over each version's own SHA-256, never its
+			// bytes: the hash state is stored in the head, and a SHA-256
+			// state keeps the last partial block of its input verbatim.
+			ev := erasedVersion{v: ver}
+			vh.Reset()
+			vh.Write(k)
+			vh.Write(v)
+			vh.Sum(ev.sum[:0])
+			start := len(keys)
+			keys = append(keys, k...)
+			ev.key = keys[start:len(keys):len(keys)]
+			chunk = append(chunk, ev)
 			if len(chunk) >= o.chunkOps {
 				return flush()
 			}

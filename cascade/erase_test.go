@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -187,20 +187,7 @@ func (e *env) erase(sc storage.Scope, op storage.Op, id uuid.UUID, rid string) s
 // markerFiles lists the files under dir that contain marker, byte by byte.
 func markerFiles(t *testing.T, dir, marker string) []string {
 	t.Helper()
-	var hits []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if bytes.Contains(b, []byte(marker)) {
-			hits = append(hits, filepath.Base(p))
-		}
-		return nil
-	})
+	hits, err := diskscan.FilesContaining(dir, marker)
 	if err != nil {
 		t.Fatal(err)
 	}

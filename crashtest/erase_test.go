@@ -1,17 +1,15 @@
 package crashtest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io/fs"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 )
@@ -114,20 +112,7 @@ func TestEraseSurvivesKill(t *testing.T) {
 	if r.Status != queue.StatusOK || r.VersionsErased == nil || *r.VersionsErased < uint64(edges+1) {
 		t.Fatalf("erase result after the kill: %+v", r)
 	}
-	var hits []string
-	err = filepath.WalkDir(filepath.Join(runner.dataDir, "pebble"), func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if bytes.Contains(b, []byte(marker)) {
-			hits = append(hits, filepath.Base(path))
-		}
-		return nil
-	})
+	hits, err := diskscan.FilesContaining(filepath.Join(runner.dataDir, "pebble"), marker)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Tracing (CONTRACT §5, "Tracing"): a W3C traceparent header on a request
@@ -33,11 +32,22 @@ func (c HeaderCarrier) Keys() []string {
 	return out
 }
 
-func (w *Worker) tracer() trace.Tracer {
+// offSpan is what start returns when tracing is off: a span that records
+// nothing.
+var offSpan = trace.SpanFromContext(context.Background())
+
+// start starts a span under ctx; attrs, when set, is called only for a
+// span that records. With tracing off it does nothing at all (no context,
+// no attribute, no allocation: requests pay nothing).
+func (w *Worker) start(ctx context.Context, name string, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
 	if w.cfg.TracerProvider == nil {
-		return noop.NewTracerProvider().Tracer("")
+		return ctx, offSpan
 	}
-	return w.cfg.TracerProvider.Tracer("github.com/telha/telha-cascade/queue")
+	ctx, span := w.cfg.TracerProvider.Tracer("github.com/telha/telha-cascade/queue").Start(ctx, name)
+	if attrs != nil && span.IsRecording() {
+		span.SetAttributes(attrs()...)
+	}
+	return ctx, span
 }
 
 // traceOf returns the trace context a request message carries (an empty

@@ -250,18 +250,24 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		case part != Partition(tenant, w.cfg.Partitions) || !w.cfg.Owner.Owns(part):
 			it.rej = &Reject{Reason: ReasonWrongPartition, Err: fmt.Sprintf("partition %d of tenant %q is not owned by replica %s of %d partitions", part, tenant, w.cfg.Owner, w.cfg.Partitions)}
 		}
-		it.trace = traceOf(m.Headers())
-		_, span := w.tracer().Start(it.trace, "telha.decode")
+		it.trace = context.Background()
+		if w.cfg.TracerProvider != nil {
+			it.trace = traceOf(m.Headers())
+		}
+		_, span := w.start(it.trace, "telha.decode", nil)
 		if it.rej == nil {
 			it.req, it.rej = DecodeRequest(m.Data(), tenant)
 		} else {
 			it.rej.RequestID, it.rej.Op, it.rej.ID = peekRequest(m.Data())
 		}
-		span.SetAttributes(requestAttrs(it)...)
-		if it.rej != nil {
-			span.SetStatus(codes.Error, it.rej.Reason)
-		} else {
-			it.req.Traceparent = Traceparent(it.trace)
+		if span.IsRecording() {
+			span.SetAttributes(requestAttrs(it)...)
+			if it.rej != nil {
+				span.SetStatus(codes.Error, it.rej.Reason)
+			}
+		}
+		if it.rej == nil && trace.SpanContextFromContext(it.trace).IsValid() {
+			it.req.Traceparent = Traceparent(it.trace) // for its journal or erase
 		}
 		span.End()
 		if it.rej != nil {
@@ -292,14 +298,18 @@ func (w *Worker) applyGroup(items []*item, idx []int) {
 	spans := make([]trace.Span, len(idx))
 	for k, i := range idx {
 		reqs[k] = items[i].req
-		_, spans[k] = w.tracer().Start(items[i].trace, "telha.group_commit", trace.WithAttributes(requestAttrs(items[i])...),
-			trace.WithAttributes(attribute.Int("telha.group_size", len(idx))))
+		it := items[i]
+		_, spans[k] = w.start(it.trace, "telha.group_commit", func() []attribute.KeyValue {
+			return append(requestAttrs(it), attribute.Int("telha.group_size", len(idx)))
+		})
 	}
 	outs, _, err := w.ops.Apply(context.Background(), reqs)
 	for k, i := range idx {
 		if outs[k].Kind != 0 {
 			items[i].applied, items[i].outcome = true, outs[k]
-			spans[k].SetAttributes(attribute.String("telha.status", outs[k].Status().String()))
+			if spans[k].IsRecording() {
+				spans[k].SetAttributes(attribute.String("telha.status", outs[k].Status().String()))
+			}
 		} else {
 			items[i].failure = err
 			spans[k].SetStatus(codes.Error, err.Error())
@@ -574,8 +584,9 @@ func (w *Worker) reqStream(ctx context.Context) (jetstream.Stream, error) {
 func (w *Worker) resultMsg(res Result) *nats.Msg { return resultMsg(w.cfg, res) }
 
 func (w *Worker) publishResult(tc context.Context, res Result) (jetstream.PubAckFuture, error) {
-	ctx, span := w.tracer().Start(tc, "telha.result", trace.WithAttributes(attribute.String("telha.request_id", res.RequestID),
-		attribute.String("telha.status", res.Status)))
+	ctx, span := w.start(tc, "telha.result", func() []attribute.KeyValue {
+		return []attribute.KeyValue{attribute.String("telha.request_id", res.RequestID), attribute.String("telha.status", res.Status)}
+	})
 	defer span.End()
 	m := w.resultMsg(res)
 	TraceContext.Inject(ctx, HeaderCarrier(m.Header))
@@ -587,8 +598,9 @@ func (w *Worker) publishResult(tc context.Context, res Result) (jetstream.PubAck
 // message: a work-queue stream deletes a terminated message, so the copy
 // must be safe first.
 func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, res Result) {
-	tctx, span := w.tracer().Start(it.trace, "telha.dead_letter", trace.WithAttributes(requestAttrs(it)...),
-		trace.WithAttributes(attribute.String("telha.reason", reason)))
+	tctx, span := w.start(it.trace, "telha.dead_letter", func() []attribute.KeyValue {
+		return append(requestAttrs(it), attribute.String("telha.reason", reason))
+	})
 	defer span.End()
 	m := nats.NewMsg(w.cfg.dlqSubject(it.tenant))
 	m.Data = it.msg.Data()

@@ -305,16 +305,12 @@ func (s *Service) eraseLoop() {
 			tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.erase", trace.WithAttributes(
 				attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
 				attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
+			s.traceResult(e.Scope, e.Job.Prov.RequestID, tctx)
 			rc, err := s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
 			if err != nil {
 				span.SetStatus(codes.Error, err.Error())
-			} else if span.SpanContext().IsValid() {
+			} else {
 				span.SetAttributes(attribute.Int64("telha.versions_erased", int64(rc.VersionsErased)))
-				m := propagation.MapCarrier{}
-				propagation.TraceContext{}.Inject(tctx, m)
-				s.traceMu.Lock()
-				s.traces[e.Scope.Tenant()+"\x00"+e.Job.Prov.RequestID] = m["traceparent"]
-				s.traceMu.Unlock()
 			}
 			span.End()
 			if errors.Is(err, storage.ErrJournalGone) {
@@ -486,19 +482,15 @@ func (s *Service) attempt(j *journal) {
 	tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.journal", trace.WithAttributes(
 		attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.J.Prov.RequestID),
 		attribute.String("telha.node", e.J.NodeID.String()), attribute.String("telha.tx", e.J.Tx.String())))
+	if !e.J.Quiet {
+		s.traceResult(e.Scope, e.J.Prov.RequestID, tctx)
+	}
 	defer func() {
 		if err != nil {
 			span.SetStatus(codes.Error, err.Error())
 		}
 		span.SetAttributes(attribute.Int64("telha.edges_tombstoned", int64(rc.EdgesTombstoned)))
 		span.End()
-		if err == nil && e.J.Prov.RequestID != "" && span.SpanContext().IsValid() {
-			m := propagation.MapCarrier{}
-			propagation.TraceContext{}.Inject(tctx, m)
-			s.traceMu.Lock()
-			s.traces[e.Scope.Tenant()+"\x00"+e.J.Prov.RequestID] = m["traceparent"]
-			s.traceMu.Unlock()
-		}
 	}()
 	lastChunk, lastDone := time.Now(), int64(-1)
 	applied := obs.Applied
@@ -866,6 +858,21 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// traceResult records the trace context the result of a request will be
+// published under (its journal's or erase's span). It is recorded before
+// the journal or erase can finish, so the outbox publisher, which may run
+// the moment the finishing batch commits, always finds it.
+func (s *Service) traceResult(sc storage.Scope, requestID string, ctx context.Context) {
+	if requestID == "" || !trace.SpanContextFromContext(ctx).IsValid() {
+		return
+	}
+	m := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, m)
+	s.traceMu.Lock()
+	s.traces[sc.Tenant()+"\x00"+requestID] = m["traceparent"]
+	s.traceMu.Unlock()
 }
 
 func (s *Service) tracer() trace.Tracer {

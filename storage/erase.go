@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -252,22 +253,12 @@ func (r *Erases) List() []*EraseEntry {
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b *EraseEntry) int {
-		if a.Job.Tx != b.Job.Tx {
-			return cmpTs(a.Job.Tx, b.Job.Tx)
+		if c := cmp.Compare(a.Job.Tx, b.Job.Tx); c != 0 {
+			return c
 		}
 		return slices.Compare(a.HeadKey, b.HeadKey)
 	})
 	return out
-}
-
-func cmpTs(a, b Ts) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (r *Erases) add(e *EraseEntry) {

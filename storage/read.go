@@ -187,25 +187,14 @@ func EdgesOf(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts) 
 			continue
 		}
 		err := scanAdjGroups(r, sc, o, node, func(id uuid.UUID, rows []AdjRow) error {
-			w := winner{v: v, t: t}
-			for _, c := range rows {
-				w.offer(c.Valid, c.Tx, c.Tombstone)
-			}
-			if !w.live() || seen[id] {
+			if seen[id] {
 				return nil
 			}
+			ver, live, err := liveEdge(r, sc, id, rows, v, t)
+			if err != nil || !live {
+				return err
+			}
 			seen[id] = true
-			val, ok, err := getValue(r, EdgeKey(sc, id, w.tx, w.valid.Start))
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("%w: adjacency row of edge %s at tx %s has no edge version", ErrDecode, id, w.tx)
-			}
-			ver, err := DecodeVersion(val)
-			if err != nil {
-				return err
-			}
 			out = append(out, ver)
 			return nil
 		})
@@ -214,6 +203,27 @@ func EdgesOf(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t Ts) 
 		}
 	}
 	return out, nil
+}
+
+// liveEdge decides an edge from its adjacency rows at (v, t) and, when it
+// reads live there, reads the winning edge version.
+func liveEdge(r pebble.Reader, sc Scope, id uuid.UUID, rows []AdjRow, v, t Ts) (Version, bool, error) {
+	w := winner{v: v, t: t}
+	for _, c := range rows {
+		w.offer(c.Valid, c.Tx, c.Tombstone)
+	}
+	if !w.live() {
+		return Version{}, false, nil
+	}
+	val, ok, err := getValue(r, EdgeKey(sc, id, w.tx, w.valid.Start))
+	if err != nil {
+		return Version{}, false, err
+	}
+	if !ok {
+		return Version{}, false, fmt.Errorf("%w: adjacency row of edge %s at tx %s has no edge version", ErrDecode, id, w.tx)
+	}
+	ver, err := DecodeVersion(val)
+	return ver, err == nil, err
 }
 
 // IndexEntry is one valid_time_index or tx_time_index entry.
@@ -393,22 +403,8 @@ func EdgesOfPage(r pebble.Reader, sc Scope, node uuid.UUID, dir Direction, v, t 
 			if !out && dir&DirOut != 0 && rows[0].Other == node {
 				return nil // a self-loop, reported from the out rows
 			}
-			w := winner{v: v, t: t}
-			for _, c := range rows {
-				w.offer(c.Valid, c.Tx, c.Tombstone)
-			}
-			if !w.live() {
-				return nil
-			}
-			val, ok, err := getValue(r, EdgeKey(sc, id, w.tx, w.valid.Start))
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("%w: adjacency row of edge %s at tx %s has no edge version", ErrDecode, id, w.tx)
-			}
-			ver, err := DecodeVersion(val)
-			if err != nil {
+			ver, live, err := liveEdge(r, sc, id, rows, v, t)
+			if err != nil || !live {
 				return err
 			}
 			page.Edges = append(page.Edges, ver)

@@ -82,6 +82,9 @@ type Options struct {
 type server struct {
 	o      Options
 	secret []byte
+	// lookups answers the request lookup as the read API does (the page
+	// has checked the tenant already).
+	lookups http.Handler
 }
 
 // Handler serves /ui/ (mount it at /ui/).
@@ -89,7 +92,8 @@ func Handler(o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &server{o: o, secret: make([]byte, 32)}
+	s := &server{o: o, secret: make([]byte, 32),
+		lookups: api.Handler(o.Store, api.Options{ReadAPI: true, Journals: o.Journals, Logger: o.Logger})}
 	_, _ = rand.Read(s.secret)
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static")
@@ -327,13 +331,12 @@ func (s *server) lookup(ctx context.Context, p api.Principal, tenant, rid string
 		s.o.Auth.Denied("forbidden_tenant")
 		return fmt.Sprintf("your token may not read tenant %q", tenant)
 	}
-	h := api.Handler(s.o.Store, api.Options{ReadAPI: true, Journals: s.o.Journals, Logger: s.o.Logger})
 	var out strings.Builder
 	for _, path := range []string{"/v1/tenants/" + url.PathEscape(tenant) + "/requests/" + url.PathEscape(rid),
 		"/v1/tenants/" + url.PathEscape(tenant) + "/erasures/" + url.PathEscape(rid)} {
 		rec := &recorder{h: http.Header{}}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
-		h.ServeHTTP(rec, req)
+		s.lookups.ServeHTTP(rec, req)
 		if strings.Contains(path, "/erasures/") && rec.code == http.StatusNotFound {
 			continue
 		}

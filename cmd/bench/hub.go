@@ -40,8 +40,8 @@ type childResult struct {
 	Puts          int64   `json:"puts"`
 	BatchBytes    int64   `json:"batch_bytes"`
 	Journaled     bool    `json:"journaled,omitempty"`
-	// The erase child: the versions its erase_node rewrote, and the bytes
-	// they held (keys and old values).
+	// The erase child: the versions its erase_node rewrote, and the props
+	// bytes the puts among them held (the payload erased).
 	VersionsErased uint64  `json:"versions_erased,omitempty"`
 	ErasedMB       float64 `json:"erased_mb,omitempty"`
 	CascadeSeconds float64 `json:"cascade_seconds,omitempty"`
