@@ -81,11 +81,24 @@ type minimal struct {
 }
 
 // lookup finds the spec of a message from its request id "<tag>-<run>-<i>".
+// The publisher's Nats-Msg-Id is "<tenant>.<request_id>" (CONTRACT §5), and
+// the stored subject ends in the tenant, so the request id is the message id
+// less that prefix. It is checked against the spec it names, so a change of
+// the message-id shape fails loudly here instead of leaving every result
+// unmatched.
 func (m *minimal) lookup(msg jetstream.Msg) (*spec, string, error) {
-	rid := msg.Headers().Get(jetstream.MsgIDHeader)
+	subj := msg.Subject()
+	tenant := subj[strings.LastIndexByte(subj, '.')+1:]
+	rid, ok := strings.CutPrefix(msg.Headers().Get(jetstream.MsgIDHeader), tenant+".")
+	if !ok {
+		return nil, "", fmt.Errorf("message id %q on %s is not <tenant>.<request_id>", msg.Headers().Get(jetstream.MsgIDHeader), subj)
+	}
 	i, err := strconv.Atoi(rid[strings.LastIndexByte(rid, '-')+1:])
 	if err != nil || i < 0 || i >= len(m.specs) {
 		return nil, "", fmt.Errorf("bad request id %q", rid)
+	}
+	if m.specs[i].tenant != tenant {
+		return nil, "", fmt.Errorf("request id %q names a spec of tenant %s, not %s", rid, m.specs[i].tenant, tenant)
 	}
 	return &m.specs[i], rid, nil
 }
