@@ -185,62 +185,13 @@ func (o *Applier) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs
 	var total int64
 	steps := 0
 	for {
-		var (
-			snap    *pebble.Snapshot
-			earlier map[uuid.UUID]*storage.JournalEntry
-		)
-		err := o.store.Exclusive(ctx, func() error {
-			if !o.store.Journals().Registered(e) {
-				return fmt.Errorf("%w: %x", storage.ErrJournalGone, e.HeadKey)
-			}
-			snap = o.store.NewSnapshot()
-			earlier = o.store.Journals().FencesBefore(e.Scope, j.Tx)
-			return nil
-		})
+		done, err := o.applyPass(ctx, e, obs, &total, &steps)
 		if err != nil {
 			return storage.Receipt{}, err
 		}
-		sum, err := ScanJournal(snap, e, earlier, nil)
-		if err == nil && sum.Blocker != nil {
-			_ = snap.Close()
-			o.log.Info("cascade journal waits for an earlier journal that shares an edge", "tenant", e.Scope.Tenant(),
-				"node", j.NodeID, "tx", j.Tx.String(), "neighbour", sum.BlockedOn, "neighbour_tx", sum.Blocker.J.Tx.String())
-			if obs.Waiting != nil {
-				obs.Waiting(sum.Blocker)
-			}
-			wait := obs.Wait
-			if wait == nil {
-				wait = waitRemoved
-			}
-			if err := wait(ctx, sum.Blocker); err != nil {
-				return storage.Receipt{}, fmt.Errorf("journal of node %s interrupted: %w", j.NodeID, err)
-			}
-			continue
+		if done {
+			break
 		}
-		if err != nil {
-			_ = snap.Close()
-			return storage.Receipt{}, err
-		}
-		total = sum.Landed + sum.Pending
-		if obs.Counted != nil {
-			obs.Counted(total)
-		}
-		if obs.Applied != nil {
-			obs.Applied(sum.Landed)
-		}
-		ch := o.newChunker(ctx, e, obs)
-		ch.done = sum.Landed
-		_, err = ScanJournal(snap, e, earlier, ch.add)
-		if err == nil {
-			err = ch.finish()
-		}
-		steps = ch.steps
-		ch.close()
-		_ = snap.Close()
-		if err != nil {
-			return storage.Receipt{}, err
-		}
-		break
 	}
 	rc := storage.Receipt{Op: storage.OpTombstoneNode, Status: storage.StatusOK, ID: j.NodeID, Tx: j.Tx, EdgesTombstoned: uint64(total), Journaled: true,
 		Fingerprint: j.Fingerprint}
@@ -252,6 +203,74 @@ func (o *Applier) ApplyJournal(ctx context.Context, e *storage.JournalEntry, obs
 		o.hooks.CascadeFinished(PathJournaled, rc.EdgesTombstoned, time.Since(start))
 	}
 	return rc, nil
+}
+
+// applyPass is one pass of ApplyJournal over a fresh snapshot: it counts
+// the write-set and applies it (done), or finds an earlier journal sharing
+// an edge and waits for it (not done: the caller takes a new snapshot).
+// The snapshot and the chunk buffers are released on every path, a panic
+// included: an open snapshot would keep every later erase from scrubbing.
+func (o *Applier) applyPass(ctx context.Context, e *storage.JournalEntry, obs JournalObserver, total *int64, steps *int) (bool, error) {
+	j := e.J
+	var (
+		snap    *pebble.Snapshot
+		earlier map[uuid.UUID]*storage.JournalEntry
+	)
+	err := o.store.Exclusive(ctx, func() error {
+		if !o.store.Journals().Registered(e) {
+			return fmt.Errorf("%w: %x", storage.ErrJournalGone, e.HeadKey)
+		}
+		snap = o.store.NewSnapshot()
+		earlier = o.store.Journals().FencesBefore(e.Scope, j.Tx)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	open := true
+	release := func() {
+		if open {
+			open = false
+			_ = snap.Close()
+		}
+	}
+	defer release()
+	sum, err := ScanJournal(snap, e, earlier, nil)
+	if err != nil {
+		return false, err
+	}
+	if sum.Blocker != nil {
+		release() // not held while waiting
+		o.log.Info("cascade journal waits for an earlier journal that shares an edge", "tenant", e.Scope.Tenant(),
+			"node", j.NodeID, "tx", j.Tx.String(), "neighbour", sum.BlockedOn, "neighbour_tx", sum.Blocker.J.Tx.String())
+		if obs.Waiting != nil {
+			obs.Waiting(sum.Blocker)
+		}
+		wait := obs.Wait
+		if wait == nil {
+			wait = waitRemoved
+		}
+		if err := wait(ctx, sum.Blocker); err != nil {
+			return false, fmt.Errorf("journal of node %s interrupted: %w", j.NodeID, err)
+		}
+		return false, nil
+	}
+	*total = sum.Landed + sum.Pending
+	if obs.Counted != nil {
+		obs.Counted(*total)
+	}
+	if obs.Applied != nil {
+		obs.Applied(sum.Landed)
+	}
+	ch := o.newChunker(ctx, e, obs)
+	defer ch.close()
+	ch.done = sum.Landed
+	_, err = ScanJournal(snap, e, earlier, ch.add)
+	if err == nil {
+		err = ch.finish()
+	}
+	*steps = ch.steps
+	return err == nil, err
 }
 
 func (o *Applier) step(e *storage.JournalEntry, n int) {

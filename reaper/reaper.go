@@ -306,7 +306,7 @@ func (s *Service) eraseLoop() {
 				attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
 				attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
 			s.traceResult(e.Scope, e.Job.Prov.RequestID, tctx)
-			rc, err := s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
+			rc, err := s.applyErase(e)
 			if err != nil {
 				span.SetStatus(codes.Error, err.Error())
 			} else {
@@ -336,6 +336,18 @@ func (s *Service) eraseLoop() {
 			}
 		}
 	}
+}
+
+// applyErase applies one erase; a panic (a bug) fails this attempt like
+// any error, so one bad erase neither ends the process nor stops the
+// others.
+func (s *Service) applyErase(e *storage.EraseEntry) (rc storage.Receipt, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			rc, err = storage.Receipt{}, fmt.Errorf("panic applying erase: %v", p)
+		}
+	}()
+	return s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
 }
 
 // EraseFailure reports an erase's failed attempts and last error (for the

@@ -1,0 +1,87 @@
+package reaper
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// Issue 20: the audit under concurrency, reaper side.
+
+// openWorld is newWorld with cascade hooks (they are fixed at open).
+func openWorld(t *testing.T, cfg Config, hooks cascade.Hooks) *world {
+	w := &world{t: t, dir: t.TempDir(), clock: storage.NewManualClock(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)), pub: &fakePublisher{}, cfg: cfg, hooks: hooks}
+	w.open()
+	t.Cleanup(w.close)
+	return w
+}
+
+// shortEraseWait bounds an erase's waits for the test (a bug shows as a
+// failure in seconds, not the 2-minute production bound).
+func shortEraseWait(t *testing.T, d time.Duration) {
+	old := cascade.EraseWaitLimit
+	cascade.EraseWaitLimit = d
+	t.Cleanup(func() { cascade.EraseWaitLimit = old })
+}
+
+// TestPanickingApplierLeaksNoSnapshot (issue 20 item 12): a journal applier
+// that panics between two chunks (its Pebble snapshot open) is reported as
+// a failed attempt, and closes its snapshot: an erase afterwards, which
+// waits for zero open snapshots before its scrub, completes.
+func TestPanickingApplierLeaksNoSnapshot(t *testing.T) {
+	shortEraseWait(t, 3*time.Second)
+	var armed atomic.Bool
+	armed.Store(true)
+	finished := make(chan error, 4)
+	erased := make(chan error, 4)
+	w := openWorld(t, Config{RetryBackoff: time.Hour, Hooks: Hooks{
+		Finished:      func(_ *storage.JournalEntry, _ storage.Receipt, err error) { finished <- err },
+		EraseFinished: func(_ *storage.EraseEntry, _ storage.Receipt, err error) { erased <- err },
+	}}, cascade.Hooks{JournalStep: func(_ *storage.JournalEntry, n int) {
+		if n == 1 && armed.CompareAndSwap(true, false) {
+			panic("injected applier bug")
+		}
+	}})
+	w.svc.Start()
+	h := w.hub(6)
+	w.tombstone(h, "del-panic")
+	select {
+	case err := <-finished:
+		if err == nil || !strings.Contains(err.Error(), "panic") {
+			t.Fatalf("attempt ended with %v, want the panic reported", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the attempt did not end")
+	}
+	if n := w.store.Engine().Metrics().Snapshots.Count; n != 0 {
+		t.Errorf("%d Pebble snapshots open after the panicking applier ended, want 0", n)
+	}
+	// An erase of an unrelated node (no journal in its neighbourhood).
+	x, y := uuid.New(), uuid.New()
+	for _, n := range []uuid.UUID{x, y} {
+		if _, err := w.ops.PutNode(ctx, sc, storage.NodeWrite{ID: n, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.ops.PutEdge(ctx, sc, storage.EdgeWrite{ID: uuid.New(), Src: x, Dst: y, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := w.ops.Apply(ctx, []cascade.Request{{Scope: sc, Op: storage.OpEraseNode, ID: x, RequestID: "erase-x", ValidEnd: storage.NoTs,
+		Prov: storage.Provenance{Actor: "dpo", Reason: "art. 17", DecidedAt: storage.NoTs}}})
+	if err != nil || out[0].Kind != cascade.Erasing {
+		t.Fatalf("erase_node: %+v %v", out[0], err)
+	}
+	select {
+	case err := <-erased:
+		if err != nil {
+			t.Fatalf("erase after the panicking applier: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the erase did not finish")
+	}
+}
