@@ -256,9 +256,21 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 	var sum [32]byte
 	copy(sum[:], digest.Sum(nil))
 	// The edges its own cascade tombstoned: the edge versions at its tx
-	// (one tx per request, so nothing else wrote there).
+	// (one tx per request, so nothing else wrote there), when the node's
+	// tombstone at that tx is its own (every version records the request
+	// that wrote it, and erasing keeps it). A node already dead, or being
+	// tombstoned by another request's journal, had its edges tombstoned by
+	// that request, whose receipt says how many: this one tombstoned none.
 	var edges uint64
+	own := false
 	if j.Op == storage.OpEraseNode {
+		latest, ok, err := storage.Latest(o.store.Reader(), sc, storage.KindNode, j.ID)
+		if err != nil {
+			return storage.Receipt{}, err
+		}
+		own = ok && latest.Tombstone && latest.Tx.Start == j.Tx && latest.Prov.RequestID == j.Prov.RequestID
+	}
+	if own {
 		err := storage.ScanIndex(o.store.Reader(), sc, false, j.Tx, j.Tx+1, func(ie storage.IndexEntry) error {
 			if ie.Kind == storage.KindEdge {
 				edges++
@@ -300,7 +312,8 @@ type erasedVersion struct {
 }
 
 // eraseVersions rewrites every version of the erase's target that is not
-// erased yet, in chunks of at most ChunkOps puts (plus the head).
+// erased yet, in chunks of at most ChunkOps puts, the head that records
+// the progress included (ChunkOps is never above max_batch_ops).
 func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *storage.EraseJob, obs EraseObserver) error {
 	snap := o.store.NewSnapshot()
 	defer snap.Close()
@@ -369,7 +382,7 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head
 			keys = append(keys, k...)
 			ev.key = keys[start:len(keys):len(keys)]
 			chunk = append(chunk, ev)
-			if len(chunk) >= o.chunkOps {
+			if len(chunk) >= o.chunkOps-1 { // and the head: at most chunkOps puts
 				return flush()
 			}
 			return nil
