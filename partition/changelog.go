@@ -1,0 +1,410 @@
+package partition
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors a caller can test with errors.Is.
+var (
+	// ErrFenced means the stream's last sequence is not the one this writer
+	// expected: another writer has appended to the partition since this one
+	// opened it. Nothing of the refused write-set is in the stream. The
+	// Changelog refuses every later append; its owner must stop serving the
+	// partition.
+	ErrFenced = errors.New("partition: changelog fenced: another writer appended")
+	// ErrUnknownOutcome means an append could not be confirmed or refused
+	// before its context ended: the write-set may or may not be in the
+	// stream. The Changelog refuses every later append; the next owner
+	// (possibly this process, after re-acquiring ownership) opens a new one
+	// and replays from its applied sequence, which settles the question.
+	ErrUnknownOutcome = errors.New("partition: changelog append outcome unknown")
+	// ErrTruncated means the changelog no longer holds a sequence the reader
+	// needs (it was purged): restore a checkpoint instead.
+	ErrTruncated = errors.New("partition: changelog truncated below the requested sequence")
+	// ErrCorrupt means a changelog message does not decode (a bad part
+	// header, parts out of order) or a write-set is not a valid Pebble batch.
+	ErrCorrupt = errors.New("partition: corrupt changelog data")
+)
+
+// PartHeader names the header that marks a message as one part of a
+// write-set split over several messages. Its value is "i/n/first": part i
+// (1-based) of n, of the write-set whose first part is at stream sequence
+// first. A message without it is a whole write-set.
+const PartHeader = "Telha-Part"
+
+// maxParts bounds n in a part header, so a corrupt header cannot make a
+// reader wait for (or allocate for) billions of parts. At the default 1 MB
+// payload this is 64 GiB per write-set, far above any real batch.
+const maxParts = 1 << 16
+
+// headerRoom is the part of the server's max payload kept for headers
+// (message id, expected last sequence, part header): a part's data is at
+// most maxPayload - headerRoom bytes.
+const headerRoom = 1024
+
+// Config configures one partition's changelog. The zero value of every
+// field but Partition is replaced by its default in Open.
+type Config struct {
+	// Partition is the partition number, >= 0.
+	Partition int
+	// StreamPrefix names the stream: StreamPrefix + "_" + partition.
+	// Default "TELHA_LOG", so partition 3 is TELHA_LOG_3.
+	StreamPrefix string
+	// SubjectPrefix names the subject: SubjectPrefix + ".log." + partition.
+	// Default "telha", so partition 3 appends to telha.log.3.
+	SubjectPrefix string
+	// Replicas is the stream's replica count. Default 1 (the embedded,
+	// single-node setup); a cluster runs 3 so the log survives a server.
+	Replicas int
+	// DuplicateWindow is how long the stream remembers a message id. A
+	// retried append within it is answered as a duplicate; past it, the
+	// expected-last-sequence check still refuses the retry and Append
+	// recognises its own message by id. Default 2 minutes (JetStream's).
+	DuplicateWindow time.Duration
+	// AttemptTimeout bounds one publish attempt; an attempt that times out
+	// is retried with the same message id until the caller's context ends.
+	// Default 5 s: above a leader election on a healthy cluster, so a retry
+	// is rarely needed.
+	AttemptTimeout time.Duration
+	// MaxPartBytes is the largest data of one message. Default (and upper
+	// bound): the server's max payload as the connection reports it, less
+	// 1 KiB for headers. Write-sets above it are split into parts.
+	MaxPartBytes int
+}
+
+func (c Config) withDefaults(maxPayload int64) (Config, error) {
+	if c.Partition < 0 {
+		return c, fmt.Errorf("partition: negative partition %d", c.Partition)
+	}
+	if c.StreamPrefix == "" {
+		c.StreamPrefix = "TELHA_LOG"
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = "telha"
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = 5 * time.Second
+	}
+	limit := int(maxPayload) - headerRoom
+	if limit < 1 {
+		return c, fmt.Errorf("partition: server max payload %d leaves no room for data", maxPayload)
+	}
+	if c.MaxPartBytes <= 0 || c.MaxPartBytes > limit {
+		c.MaxPartBytes = limit
+	}
+	return c, nil
+}
+
+// StreamName is the name of partition p's changelog stream under cfg.
+func (c Config) StreamName() string { return fmt.Sprintf("%s_%d", c.StreamPrefix, c.Partition) }
+
+// Subject is the subject partition p's changelog is appended to.
+func (c Config) Subject() string { return fmt.Sprintf("%s.log.%d", c.SubjectPrefix, c.Partition) }
+
+// Changelog is one partition's changelog stream. The owner calls Append;
+// owner and standbys call Replay and Tail. Its methods are safe for
+// concurrent use; appends are serialised (each waits for the previous
+// one's ack, because each is fenced on the previous one's sequence).
+type Changelog struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	cfg    Config
+	writer string // random per Open: makes message ids unique per writer
+
+	mu     sync.Mutex
+	last   uint64 // the stream's last sequence as this writer knows it
+	broken error  // set once an append is fenced or its outcome unknown
+
+	// Test hooks, nil in production.
+	dropAck    func(attempt int) bool       // true: discard this attempt's ack as if lost
+	beforePart func(part, parts int) error  // non-nil error: stop before publishing this part
+}
+
+// Open creates the partition's stream if it does not exist (or updates its
+// replica count and duplicate window if it does) and reads its last
+// sequence, the expectation the first Append is fenced on. Call it only
+// after winning ownership of the partition (see the package doc); a
+// standby may call it to Replay and Tail and must not Append.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Changelog, error) {
+	cfg, err := cfg.withDefaults(js.Conn().MaxPayload())
+	if err != nil {
+		return nil, err
+	}
+	sc := jetstream.StreamConfig{
+		Name:        cfg.StreamName(),
+		Description: fmt.Sprintf("telha changelog of partition %d", cfg.Partition),
+		Subjects:    []string{cfg.Subject()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxMsgs:     -1,
+		MaxBytes:    -1,
+		MaxAge:      0, // never aged out: purged explicitly below the oldest checkpoint
+		Duplicates:  cfg.DuplicateWindow,
+		// No interior deletes: a reader treats a gap in sequences as data
+		// loss, so only prefix purges (PurgeBelow) may remove messages.
+		DenyDelete:  true,
+		AllowDirect: true,
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: create changelog stream %s: %w", cfg.Partition, sc.Name, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: changelog info: %w", cfg.Partition, err)
+	}
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("partition: writer id: %w", err)
+	}
+	return &Changelog{js: js, stream: stream, cfg: cfg, writer: hex.EncodeToString(id[:]), last: info.State.LastSeq}, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (c *Changelog) Config() Config { return c.cfg }
+
+// Last returns the last sequence this writer has appended or read at Open.
+// It is where a new owner's replay ends and its next write-set begins.
+func (c *Changelog) Last() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// Append makes writeSet durable in the changelog (acknowledged by the
+// stream's replicas) and returns the sequence of its last message: the
+// applied sequence to store with it (MarkApplied) and to resume after.
+//
+// A write-set larger than MaxPartBytes is split into consecutive messages,
+// each fenced on the previous one; readers apply it only once its last part
+// is read. A crash between parts leaves a torn write-set that readers skip
+// (see replay.go).
+//
+// An error is terminal for this Changelog: ErrFenced means another writer
+// owns the partition, ErrUnknownOutcome (or any other error) that the
+// write-set may or may not be in the log. In both cases the caller must not
+// apply the write-set locally, must stop answering for the partition, and
+// must leave recovery to the next Open (which replays what the log holds).
+// An empty write-set is refused without breaking the Changelog.
+func (c *Changelog) Append(ctx context.Context, writeSet []byte) (uint64, error) {
+	if len(writeSet) == 0 {
+		return 0, fmt.Errorf("partition %d: empty write-set", c.cfg.Partition)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return 0, c.broken
+	}
+	n := (len(writeSet) + c.cfg.MaxPartBytes - 1) / c.cfg.MaxPartBytes
+	if n > maxParts {
+		return 0, fmt.Errorf("partition %d: write-set of %d bytes needs %d parts, more than %d", c.cfg.Partition, len(writeSet), n, maxParts)
+	}
+	first := c.last + 1
+	for i := 1; i <= n; i++ {
+		lo := (i - 1) * c.cfg.MaxPartBytes
+		hi := min(lo+c.cfg.MaxPartBytes, len(writeSet))
+		m := nats.NewMsg(c.cfg.Subject())
+		m.Data = writeSet[lo:hi]
+		if n > 1 {
+			m.Header.Set(PartHeader, FormatPart(i, n, first))
+		}
+		if c.beforePart != nil {
+			if err := c.beforePart(i, n); err != nil {
+				c.broken = fmt.Errorf("%w: partition %d: stopped before part %d/%d: %w", ErrUnknownOutcome, c.cfg.Partition, i, n, err)
+				return 0, c.broken
+			}
+		}
+		seq, err := c.publish(ctx, m, c.last)
+		if err != nil {
+			c.broken = err
+			return 0, err
+		}
+		c.last = seq
+	}
+	return c.last, nil
+}
+
+// msgID is the Nats-Msg-Id of the message a writer publishes after
+// sequence expected. It names the writer as well as the position because
+// a clustered stream checks message ids BEFORE the expected last sequence:
+// with ids of position alone, a zombie publishing at the position a new
+// owner just wrote would be answered "duplicate" with the new owner's
+// sequence, and would believe its write-set stored.
+func (c *Changelog) msgID(expected uint64) string {
+	return fmt.Sprintf("%d.%d.%s", c.cfg.Partition, expected, c.writer)
+}
+
+// publish stores m as the message after sequence expected, retrying an
+// ambiguous attempt (timeout, no responders, lost connection) with the same
+// message id until it is confirmed, refused, or ctx ends.
+//
+// A retry of a message that did land is answered either as a duplicate (a
+// clustered stream checks ids first) or as a wrong last sequence (a single
+// server checks the expected sequence first, or the duplicate window has
+// passed); in the second case the message at expected+1 is read and, if it
+// carries our id, it is ours and the append succeeded.
+func (c *Changelog) publish(ctx context.Context, m *nats.Msg, expected uint64) (uint64, error) {
+	id := c.msgID(expected)
+	delay := 10 * time.Millisecond
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+		ack, err := c.js.PublishMsg(actx, m, jetstream.WithMsgID(id), jetstream.WithExpectLastSequence(expected))
+		cancel()
+		if c.dropAck != nil && c.dropAck(attempt) {
+			ack, err = nil, errors.New("ack lost (test hook)")
+		}
+		switch {
+		case err == nil:
+			if ack.Sequence != expected+1 {
+				return 0, fmt.Errorf("%w: partition %d: ack for %s at sequence %d (duplicate=%t), expected %d",
+					ErrUnknownOutcome, c.cfg.Partition, id, ack.Sequence, ack.Duplicate, expected+1)
+			}
+			return ack.Sequence, nil
+		case IsWrongLastSequence(err):
+			mine, lerr := c.landed(ctx, expected+1, id)
+			if lerr != nil {
+				return 0, fmt.Errorf("%w: partition %d: refused at %d and the message after it cannot be read: %w",
+					ErrUnknownOutcome, c.cfg.Partition, expected, errors.Join(err, lerr))
+			}
+			if mine {
+				return expected + 1, nil
+			}
+			return 0, fmt.Errorf("%w: partition %d expected last sequence %d: %w", ErrFenced, c.cfg.Partition, expected, err)
+		case isPermanent(err):
+			return 0, fmt.Errorf("partition %d: append refused: %w", c.cfg.Partition, err)
+		}
+		lastErr = err
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("%w: partition %d: message %s after %d attempts: %w",
+				ErrUnknownOutcome, c.cfg.Partition, id, attempt+1, errors.Join(ctx.Err(), lastErr))
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// landed reports whether the message at seq carries message id id.
+func (c *Changelog) landed(ctx context.Context, seq uint64, id string) (bool, error) {
+	msg, err := c.stream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return msg.Header.Get(jetstream.MsgIDHeader) == id, nil
+}
+
+// IsWrongLastSequence reports whether err is JetStream's refusal of an
+// expected last sequence (10071, or 10164 from some clustered paths),
+// matched by error code, not by text.
+func IsWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// isPermanent reports errors a retry cannot fix: the server refused the
+// message itself (too large, malformed).
+func isPermanent(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jetstream.JSErrCodeStreamMessageExceedsMaximum, jetstream.JSErrCodeBadRequest:
+		return true
+	}
+	return false
+}
+
+// PurgeBelow removes every changelog message with a sequence below seq.
+// Call it with PurgeFloor's answer, never with more: see the package doc's
+// purge rule. It refuses a seq above Last()+1.
+func (c *Changelog) PurgeBelow(ctx context.Context, seq uint64) error {
+	if seq <= 1 {
+		return nil
+	}
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	if seq > info.State.LastSeq+1 {
+		return fmt.Errorf("partition %d: purge below %d is above the log's end %d", c.cfg.Partition, seq, info.State.LastSeq)
+	}
+	if err := c.stream.Purge(ctx, jetstream.WithPurgeSequence(seq)); err != nil {
+		return fmt.Errorf("partition %d: purge below %d: %w", c.cfg.Partition, seq, err)
+	}
+	return nil
+}
+
+// PurgeFloor is the highest sequence the changelog may be purged below:
+// the lowest of what the oldest kept checkpoint needs (Prune's answer: its
+// sequence + 1) and what each standby needs (its applied sequence + 1).
+func PurgeFloor(checkpointNeeds uint64, standbyApplied ...uint64) uint64 {
+	floor := checkpointNeeds
+	for _, a := range standbyApplied {
+		floor = min(floor, a+1)
+	}
+	return floor
+}
+
+// FormatPart encodes a part header value: part i of n of the write-set
+// whose first part is at sequence first.
+func FormatPart(i, n int, first uint64) string {
+	return strconv.Itoa(i) + "/" + strconv.Itoa(n) + "/" + strconv.FormatUint(first, 10)
+}
+
+// ParsePart decodes a part header value written by FormatPart, and
+// refuses anything else: 1 <= i <= n <= 65536, first >= 1, plain decimals.
+func ParsePart(v string) (i, n int, first uint64, err error) {
+	fields := strings.Split(v, "/")
+	if len(fields) != 3 {
+		return 0, 0, 0, fmt.Errorf("%w: part header %q: want i/n/first", ErrCorrupt, v)
+	}
+	var nums [3]uint64
+	for k, f := range fields {
+		if f == "" || len(f) > 20 || (len(f) > 1 && f[0] == '0') {
+			return 0, 0, 0, fmt.Errorf("%w: part header %q: bad number %q", ErrCorrupt, v, f)
+		}
+		for _, r := range f {
+			if r < '0' || r > '9' {
+				return 0, 0, 0, fmt.Errorf("%w: part header %q: bad number %q", ErrCorrupt, v, f)
+			}
+		}
+		x, perr := strconv.ParseUint(f, 10, 64)
+		if perr != nil {
+			return 0, 0, 0, fmt.Errorf("%w: part header %q: %w", ErrCorrupt, v, perr)
+		}
+		nums[k] = x
+	}
+	if nums[0] < 1 || nums[1] > maxParts || nums[0] > nums[1] || nums[2] < 1 {
+		return 0, 0, 0, fmt.Errorf("%w: part header %q out of range", ErrCorrupt, v)
+	}
+	return int(nums[0]), int(nums[1]), nums[2], nil
+}

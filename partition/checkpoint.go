@@ -1,0 +1,399 @@
+package partition
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNoCheckpoint means the bucket holds no checkpoint of the partition.
+var ErrNoCheckpoint = errors.New("partition: no checkpoint")
+
+// CheckpointConfig configures the Object Store bucket checkpoints live in.
+type CheckpointConfig struct {
+	// Bucket is the Object Store bucket. Default "TELHA_CKPT".
+	Bucket string
+	// Replicas is the bucket's replica count. Default 1; 3 on a cluster,
+	// like the changelog: a checkpoint is only as safe as its copies.
+	Replicas int
+}
+
+// OpenCheckpoints creates the checkpoint bucket if it does not exist (file
+// storage, no TTL: checkpoints are removed by Prune only) and returns it.
+func OpenCheckpoints(ctx context.Context, js jetstream.JetStream, cfg CheckpointConfig) (jetstream.ObjectStore, error) {
+	if cfg.Bucket == "" {
+		cfg.Bucket = "TELHA_CKPT"
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 1
+	}
+	obs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      cfg.Bucket,
+		Description: "telha partition checkpoints (Pebble checkpoints as tar)",
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("partition: checkpoint bucket %s: %w", cfg.Bucket, err)
+	}
+	return obs, nil
+}
+
+// CheckpointInfo describes one stored checkpoint.
+type CheckpointInfo struct {
+	Partition int
+	// Seq is the changelog sequence the checkpoint reflects: replay from
+	// Seq + 1 on top of it.
+	Seq  uint64
+	Name string
+	Size uint64
+	// Modified is when the object store recorded it.
+	Modified time.Time
+}
+
+// CheckpointName is the object name of partition p's checkpoint at seq.
+// The zero-padded sequence makes names sort in sequence order.
+func CheckpointName(p int, seq uint64) string {
+	return fmt.Sprintf("partition-%d/seq-%020d.tar", p, seq)
+}
+
+// parseCheckpointName inverts CheckpointName; ok is false for any other
+// name (objects that are not ours are ignored, not fatal).
+func parseCheckpointName(name string) (p int, seq uint64, ok bool) {
+	rest, found := strings.CutPrefix(name, "partition-")
+	if !found {
+		return 0, 0, false
+	}
+	ps, rest, found := strings.Cut(rest, "/seq-")
+	if !found {
+		return 0, 0, false
+	}
+	ss, found := strings.CutSuffix(rest, ".tar")
+	if !found || len(ss) != 20 {
+		return 0, 0, false
+	}
+	pi, err := strconv.Atoi(ps)
+	if err != nil || pi < 0 || strconv.Itoa(pi) != ps {
+		return 0, 0, false
+	}
+	sv, err := strconv.ParseUint(ss, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return pi, sv, true
+}
+
+// Object metadata keys of a checkpoint.
+const (
+	metaPartition = "telha-partition"
+	metaSeq       = "telha-seq"
+	metaFormat    = "telha-format"
+	formatTarV1   = "pebble-checkpoint-tar/1"
+)
+
+// SaveCheckpoint takes a Pebble checkpoint of db (partition p's store) and
+// puts it, as a tar archive, into obs under CheckpointName(p, seq), where
+// seq is the applied sequence recorded INSIDE the checkpoint. The writer
+// may go on committing while this runs: the checkpoint is one consistent
+// view, and the applied key in that view is the only exact answer to "which
+// sequence does it reflect" (a sequence read before or after could be off
+// by whatever committed in between). The checkpoint is opened read-only
+// before upload, which also proves it opens.
+func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB) (CheckpointInfo, error) {
+	tmp, err := os.MkdirTemp("", "telha-ckpt-*")
+	if err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint temp dir: %w", p, err)
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "ckpt")
+	if err := db.Checkpoint(dir); err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: pebble checkpoint: %w", p, err)
+	}
+	seq, err := appliedSeqInDir(dir)
+	if err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint: %w", p, err)
+	}
+	name := CheckpointName(p, seq)
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeTar(pw, dir)) }()
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{
+		Name:        name,
+		Description: fmt.Sprintf("partition %d at changelog sequence %d", p, seq),
+		Metadata: map[string]string{
+			metaPartition: strconv.Itoa(p),
+			metaSeq:       strconv.FormatUint(seq, 10),
+			metaFormat:    formatTarV1,
+		},
+	}, pr)
+	pr.CloseWithError(io.ErrClosedPipe) // stop the writer if Put returned early
+	if err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: upload checkpoint %s: %w", p, name, err)
+	}
+	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size, Modified: info.ModTime}, nil
+}
+
+// appliedSeqInDir opens the Pebble store in dir read-only and returns its
+// applied sequence.
+func appliedSeqInDir(dir string) (uint64, error) {
+	db, err := pebble.Open(dir, &pebble.Options{ReadOnly: true, Logger: quietLogger{}})
+	if err != nil {
+		return 0, fmt.Errorf("open %s read-only: %w", dir, err)
+	}
+	seq, err := AppliedSeq(db)
+	if cerr := db.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return seq, err
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)         {}
+func (quietLogger) Errorf(string, ...any)        {}
+func (quietLogger) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
+
+// writeTar writes the regular files and directories under dir to w.
+func writeTar(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == dir {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() && !info.IsDir() {
+			return fmt.Errorf("checkpoint holds %s, neither file nor directory", rel)
+		}
+		hdr, err := tar.FileInfoHeader(info, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if info.IsDir() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("archive checkpoint: %w", err)
+	}
+	return tw.Close()
+}
+
+// ListCheckpoints returns partition p's checkpoints, oldest first.
+func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]CheckpointInfo, error) {
+	objs, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: list checkpoints: %w", p, err)
+	}
+	var out []CheckpointInfo
+	for _, o := range objs {
+		op, seq, ok := parseCheckpointName(o.Name)
+		if !ok || op != p || o.Deleted {
+			continue
+		}
+		out = append(out, CheckpointInfo{Partition: p, Seq: seq, Name: o.Name, Size: o.Size, Modified: o.ModTime})
+	}
+	slices.SortFunc(out, func(a, b CheckpointInfo) int {
+		switch {
+		case a.Seq < b.Seq:
+			return -1
+		case a.Seq > b.Seq:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// Restore fetches partition p's newest checkpoint into dstDir, which must
+// not exist or be empty, and returns the changelog sequence it reflects:
+// replay from seq + 1 to catch up. It extracts into a sibling temporary
+// directory, checks the object's digest (the Object Store verifies SHA-256
+// at the end of the read), opens the result read-only to check that its
+// applied sequence matches the object's name, and only then renames it
+// into place, so dstDir is either absent/empty or a whole checkpoint.
+func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir string) (uint64, error) {
+	if err := requireEmpty(dstDir); err != nil {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	cps, err := ListCheckpoints(ctx, obs, p)
+	if err != nil {
+		return 0, err
+	}
+	if len(cps) == 0 {
+		return 0, fmt.Errorf("partition %d: %w", p, ErrNoCheckpoint)
+	}
+	cp := cps[len(cps)-1]
+	parent := filepath.Dir(filepath.Clean(dstDir))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	tmp, err := os.MkdirTemp(parent, ".restore-*")
+	if err != nil {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	if err := fetchCheckpoint(ctx, obs, cp.Name, tmp); err != nil {
+		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
+	}
+	seq, err := appliedSeqInDir(tmp)
+	if err != nil {
+		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
+	}
+	if seq != cp.Seq {
+		return 0, fmt.Errorf("%w: partition %d: checkpoint %s holds applied sequence %d", ErrCorrupt, p, cp.Name, seq)
+	}
+	if err := os.Remove(dstDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	if err := os.Rename(tmp, dstDir); err != nil {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	if err := syncDir(parent); err != nil {
+		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+	}
+	return seq, nil
+}
+
+func requireEmpty(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(entries) > 0 {
+		return fmt.Errorf("%s is not empty", dir)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// fetchCheckpoint extracts object name into dir. It accepts only relative
+// paths that stay inside dir, and only files and directories.
+func fetchCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, dir string) error {
+	res, err := obs.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	tr := tar.NewReader(res)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read archive: %w", err)
+		}
+		rel := filepath.FromSlash(strings.TrimSuffix(hdr.Name, "/"))
+		if !filepath.IsLocal(rel) {
+			return fmt.Errorf("%w: archive entry %q leaves the directory", ErrCorrupt, hdr.Name)
+		}
+		path := filepath.Join(dir, rel)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := writeFile(path, tr); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%w: archive entry %q of type %q", ErrCorrupt, hdr.Name, hdr.Typeflag)
+		}
+	}
+	// Read to the end of the object so its digest is checked.
+	if _, err := io.Copy(io.Discard, res); err != nil {
+		return fmt.Errorf("read archive: %w", err)
+	}
+	return nil
+}
+
+func writeFile(path string, r io.Reader) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Prune deletes all but partition p's newest keep checkpoints and returns
+// the lowest changelog sequence still needed: the oldest kept checkpoint's
+// sequence + 1 (1 when there is no checkpoint: the whole log is needed).
+// Pass it to PurgeFloor, with the standbys' applied sequences, before
+// PurgeBelow.
+func Prune(ctx context.Context, obs jetstream.ObjectStore, p int, keep int) (uint64, error) {
+	if keep < 1 {
+		return 0, fmt.Errorf("partition %d: prune must keep at least one checkpoint, not %d", p, keep)
+	}
+	cps, err := ListCheckpoints(ctx, obs, p)
+	if err != nil {
+		return 0, err
+	}
+	if len(cps) == 0 {
+		return 1, nil
+	}
+	cut := max(0, len(cps)-keep)
+	for _, cp := range cps[:cut] {
+		if err := obs.Delete(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			return 0, fmt.Errorf("partition %d: prune %s: %w", p, cp.Name, err)
+		}
+	}
+	return cps[cut].Seq + 1, nil
+}

@@ -1,0 +1,70 @@
+// Package partition makes a partition's state outlive the machine it runs
+// on: a replicated changelog on JetStream is the truth, a partition's Pebble
+// is a cache of it, and checkpoints in the JetStream Object Store bound how
+// much of the log a new copy has to replay (issue 21, items 1 and 2).
+//
+// It owns, for one partition:
+//
+//   - the changelog stream (Changelog): one JetStream stream per partition,
+//     appended to by exactly one writer, fenced by the stream's expected last
+//     sequence, read back by Replay (to the current end) and Tail (forever,
+//     for warm standbys);
+//   - the applied position: the changelog sequence a local Pebble reflects,
+//     kept in that Pebble under a reserved key and written in the same batch
+//     as the write-set it applies (ApplyTo, MarkApplied, AppliedSeq);
+//   - checkpoints (SaveCheckpoint, Restore, Prune, ListCheckpoints): a
+//     Pebble checkpoint of the partition, archived with the standard
+//     library's tar, in an Object Store bucket, named by partition and by the
+//     changelog sequence it reflects.
+//
+// The shape, Kafka Streams' and Temporal's (docs/STYLE.md):
+//
+//	 owner (one per partition)                     standby / new owner
+//	 ─────────────────────────                     ───────────────────
+//	 writer builds batch b
+//	 seq := Append(b.Repr()) ──► TELHA_LOG_<p> ──► Tail / Replay
+//	 MarkApplied(b, seq)          (R1 or R3,        ApplyTo(db, seq, ws)
+//	 commit b to Pebble            fenced by           (ws + applied key,
+//	   (no fsync needed)           expected last seq)   one Pebble batch)
+//	        │
+//	        └── SaveCheckpoint ──► TELHA_CKPT ──► Restore (empty disk),
+//	                                               then Replay(seq+1)
+//
+// # What it must not do
+//
+// It must not import the product's packages (storage, queue, api, app,
+// cascade, reaper): storage will depend on a small interface that this
+// package implements ("append this write-set durably"), never the reverse,
+// and storage must never learn about NATS. It does not decide who owns a
+// partition: membership and epochs (issue 21 item 3) live elsewhere and only
+// suggest an owner; the conditional append here decides. It never interprets
+// a write-set beyond checking that it is a well-formed Pebble batch that
+// does not touch the reserved keyspace below.
+//
+// # The reserved keyspace
+//
+// Invariant: the applied sequence lives at key 0xF0 0x01 of the partition's
+// own Pebble, outside every keyspace the product uses (storage/keys.go uses
+// 0x00..0x07). ApplyTo refuses a write-set that writes, deletes or
+// range-deletes anything in [0xF0, 0xF1). Lead: add the line
+//
+//	partition       0xF0 | 0x01            applied changelog sequence (partition package)
+//
+// to the keyspace table in storage/keys.go so no future keyspace takes it.
+//
+// # Fencing and ownership
+//
+// Invariant: every message is published with the expected last sequence
+// the writer believes the stream has. A writer whose belief is stale (a
+// zombie after a pause, the losing side of a split brain) gets
+// ErrFenced before anything of its write-set is stored, and its Changelog
+// refuses all further appends. Open reads the current last sequence, so
+// Open itself is not a fence: call it only after winning ownership (the
+// epoch compare-and-set of item 3), and never to "recover" from ErrFenced.
+//
+// # Purging
+//
+// Rule: never purge the changelog below the oldest kept checkpoint's
+// sequence + 1, nor below any standby's applied sequence + 1. PurgeFloor
+// computes that minimum; Prune returns the checkpoint half of it.
+package partition

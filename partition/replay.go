@@ -1,0 +1,182 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ApplyFunc receives one whole write-set and the sequence of its last
+// message (the applied sequence to record with it). writeSet is only valid
+// during the call: ApplyTo copies it.
+type ApplyFunc func(seq uint64, writeSet []byte) error
+
+// Replay calls fn, in order, for every whole write-set whose last message
+// is at a sequence >= fromSeq and <= the stream's last sequence when Replay
+// starts, then returns nil. A torn write-set (parts without their last part,
+// left by an owner that died between parts) is skipped. fromSeq is a
+// reader's applied sequence + 1 (1 for an empty store); if the changelog was
+// purged above it, Replay returns ErrTruncated: restore a checkpoint first.
+// An error from fn stops the replay and is returned.
+func (c *Changelog) Replay(ctx context.Context, fromSeq uint64, fn ApplyFunc) error {
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	fromSeq = max(fromSeq, 1)
+	if err := c.checkHeld(fromSeq, info.State); err != nil {
+		return err
+	}
+	if fromSeq > info.State.LastSeq {
+		return nil
+	}
+	return c.read(ctx, fromSeq, info.State.LastSeq, fn)
+}
+
+// Tail is Replay that does not stop at the end: it keeps following the
+// changelog (a warm standby's loop) until ctx ends, and then returns
+// ctx.Err(), or until fn or the changelog fails.
+func (c *Changelog) Tail(ctx context.Context, fromSeq uint64, fn ApplyFunc) error {
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	fromSeq = max(fromSeq, 1)
+	if err := c.checkHeld(fromSeq, info.State); err != nil {
+		return err
+	}
+	return c.read(ctx, fromSeq, 0, fn)
+}
+
+// checkHeld refuses a start below the stream's first sequence once the
+// stream has been purged (FirstSeq > 1): those write-sets are gone. After a
+// purge of everything, FirstSeq is LastSeq + 1.
+func (c *Changelog) checkHeld(fromSeq uint64, st jetstream.StreamState) error {
+	if st.FirstSeq > 1 && fromSeq < st.FirstSeq {
+		return fmt.Errorf("%w: partition %d: need sequence %d, log starts at %d", ErrTruncated, c.cfg.Partition, fromSeq, st.FirstSeq)
+	}
+	return nil
+}
+
+// read delivers messages fromSeq.. through an ordered consumer (ephemeral,
+// flow-controlled, restarted by the client on a gap in delivery) until the
+// message at end (end 0: until ctx ends).
+//
+// Invariant: the messages a reader sees are consecutive. The stream denies
+// interior deletes and is only purged below positions nobody needs, so a
+// jump in sequence means a purge overtook this reader: ErrTruncated, never
+// a silent skip.
+func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc) error {
+	cons, err := c.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   fromSeq,
+	})
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog reader: %w", c.cfg.Partition, err)
+	}
+	// Bound what the client buffers: a few parts of the largest size.
+	maxBytes := max(8<<20, 4*int(c.js.Conn().MaxPayload()))
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(512, maxBytes))
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog reader: %w", c.cfg.Partition, err)
+	}
+	defer it.Stop()
+	var asm assembler
+	next := fromSeq
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("partition %d: changelog read at %d: %w", c.cfg.Partition, next, err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("partition %d: changelog read at %d: %w", c.cfg.Partition, next, err)
+		}
+		seq := meta.Sequence.Stream
+		if seq != next {
+			return fmt.Errorf("%w: partition %d: expected sequence %d, read %d", ErrTruncated, c.cfg.Partition, next, seq)
+		}
+		next++
+		ws, done, err := asm.feed(seq, msg.Headers().Get(PartHeader), msg.Data())
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", c.cfg.Partition, err)
+		}
+		if done {
+			if err := fn(seq, ws); err != nil {
+				return err
+			}
+		}
+		if end != 0 && seq >= end {
+			return nil
+		}
+	}
+}
+
+// assembler joins the parts of a write-set. The rule it keeps:
+//
+//	seq:   10      11      12      13      14
+//	       1/3/10  2/3/10  1/2/12  2/2/12  (none)
+//	       └── torn ───┘   └── whole ──┘   whole
+//
+// A write-set is whole when parts 1..n arrive at first, first+1, ...,
+// first+n-1, each naming first. A part 1 (or an unsplit message) arriving
+// while a write-set is incomplete means that write-set's owner died between
+// parts and a new owner wrote after it (each part is fenced on the one
+// before it, so nothing else can come between): the incomplete one is torn
+// and dropped. Anything else out of order is corruption.
+type assembler struct {
+	first uint64 // sequence of the pending write-set's part 1; 0: none pending
+	n     int    // its number of parts
+	next  int    // the part expected next
+	buf   []byte
+	torn  int // torn write-sets dropped so far
+}
+
+// feed takes the message at seq with part header value hdr (empty: a whole
+// write-set) and returns a whole write-set when one is complete. The
+// returned slice is valid until the next call.
+func (a *assembler) feed(seq uint64, hdr string, data []byte) (ws []byte, done bool, err error) {
+	if hdr == "" {
+		a.dropTorn()
+		return data, true, nil
+	}
+	i, n, first, err := ParsePart(hdr)
+	if err != nil {
+		return nil, false, fmt.Errorf("sequence %d: %w", seq, err)
+	}
+	if i == 1 {
+		if first != seq {
+			return nil, false, fmt.Errorf("%w: sequence %d: part 1/%d names first sequence %d", ErrCorrupt, seq, n, first)
+		}
+		a.dropTorn()
+		if n == 1 {
+			return data, true, nil
+		}
+		a.first, a.n, a.next = seq, n, 2
+		a.buf = append(a.buf[:0], data...)
+		return nil, false, nil
+	}
+	if a.first == 0 || first != a.first || n != a.n || i != a.next || seq != first+uint64(i-1) {
+		return nil, false, fmt.Errorf("%w: sequence %d: part %d/%d of the write-set at %d is out of order (pending: part %d/%d of %d)",
+			ErrCorrupt, seq, i, n, first, a.next, a.n, a.first)
+	}
+	a.buf = append(a.buf, data...)
+	a.next++
+	if i < n {
+		return nil, false, nil
+	}
+	a.first, a.n, a.next = 0, 0, 0
+	return a.buf, true, nil
+}
+
+func (a *assembler) dropTorn() {
+	if a.first != 0 {
+		a.torn++
+		a.first, a.n, a.next = 0, 0, 0
+		a.buf = a.buf[:0]
+	}
+}
