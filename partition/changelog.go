@@ -133,8 +133,8 @@ type Changelog struct {
 	broken error  // set once an append is fenced or its outcome unknown
 
 	// Test hooks, nil in production.
-	dropAck    func(attempt int) bool       // true: discard this attempt's ack as if lost
-	beforePart func(part, parts int) error  // non-nil error: stop before publishing this part
+	dropAck    func(attempt int) bool      // true: discard this attempt's ack as if lost
+	beforePart func(part, parts int) error // non-nil error: stop before publishing this part
 }
 
 // Open creates the partition's stream if it does not exist (or updates its

@@ -109,7 +109,11 @@ const (
 // may go on committing while this runs: the checkpoint is one consistent
 // view, and the applied key in that view is the only exact answer to "which
 // sequence does it reflect" (a sequence read before or after could be off
-// by whatever committed in between). The checkpoint is opened read-only
+// by whatever committed in between, and a checkpoint of a store committed
+// without fsync can lag the last commit it was "taken after": measured in
+// TestCheckpointPruneRestoreReplay before WithFlushedWAL was added, a
+// checkpoint held sequence 15 while the owner had committed 17). The
+// checkpoint is opened read-only
 // before upload, which also proves it opens.
 func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB) (CheckpointInfo, error) {
 	tmp, err := os.MkdirTemp("", "telha-ckpt-*")
@@ -118,7 +122,10 @@ func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *p
 	}
 	defer os.RemoveAll(tmp)
 	dir := filepath.Join(tmp, "ckpt")
-	if err := db.Checkpoint(dir); err != nil {
+	// WithFlushedWAL syncs the WAL first: commits made without fsync (the
+	// owner's, once the changelog holds the write) may still sit in Pebble's
+	// WAL buffer, and a checkpoint copies only what reached the file.
+	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: pebble checkpoint: %w", p, err)
 	}
 	seq, err := appliedSeqInDir(dir)

@@ -19,16 +19,16 @@
 //
 // The shape, Kafka Streams' and Temporal's (docs/STYLE.md):
 //
-//	 owner (one per partition)                     standby / new owner
-//	 ─────────────────────────                     ───────────────────
-//	 writer builds batch b
-//	 seq := Append(b.Repr()) ──► TELHA_LOG_<p> ──► Tail / Replay
-//	 MarkApplied(b, seq)          (R1 or R3,        ApplyTo(db, seq, ws)
-//	 commit b to Pebble            fenced by           (ws + applied key,
-//	   (no fsync needed)           expected last seq)   one Pebble batch)
-//	        │
-//	        └── SaveCheckpoint ──► TELHA_CKPT ──► Restore (empty disk),
-//	                                               then Replay(seq+1)
+//	owner (one per partition)                     standby / new owner
+//	─────────────────────────                     ───────────────────
+//	writer builds batch b
+//	seq := Append(b.Repr()) ──► TELHA_LOG_<p> ──► Tail / Replay
+//	MarkApplied(b, seq)          (R1 or R3,        ApplyTo(db, seq, ws)
+//	commit b to Pebble            fenced by           (ws + applied key,
+//	  (no fsync needed)           expected last seq)   one Pebble batch)
+//	       │
+//	       └── SaveCheckpoint ──► TELHA_CKPT ──► Restore (empty disk),
+//	                                              then Replay(seq+1)
 //
 // # What it must not do
 //

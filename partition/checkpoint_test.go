@@ -1,0 +1,167 @@
+package partition
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Three checkpoints taken while the owner appends; Prune keeps the newest
+// two and names the lowest sequence still needed; the changelog is purged
+// below it (the purge floor also honours a standby); Restore into an empty
+// directory plus Replay from the checkpoint's sequence reproduces the
+// owner's store exactly; replay from the oldest kept checkpoint still
+// works, and older sequences are gone (ErrTruncated).
+func TestCheckpointPruneRestoreReplay(t *testing.T) {
+	ctx := testCtx(t, 2*time.Minute)
+	js := startJS(t)
+	cl, err := Open(ctx, js, Config{Partition: 4, MaxPartBytes: 8 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Restore(ctx, obs, 4, filepath.Join(t.TempDir(), "none")); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("restore with no checkpoint: %v, want ErrNoCheckpoint", err)
+	}
+	if need, err := Prune(ctx, obs, 4, 2); err != nil || need != 1 {
+		t.Fatalf("prune with no checkpoint = %d, %v; want 1 (the whole log)", need, err)
+	}
+
+	src := openDB(t, "")
+	o := newOwner(t, cl, src, 4)
+	var cps []CheckpointInfo
+	for round := range 3 {
+		for i := range 15 {
+			big := 0
+			if i == 5 {
+				big = 20 << 10
+			}
+			o.mustCommit(ctx, big)
+		}
+		cp, err := SaveCheckpoint(ctx, obs, 4, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cp.Seq != cl.Last() || cp.Name != CheckpointName(4, cl.Last()) || cp.Size == 0 {
+			t.Fatalf("round %d: checkpoint %+v, want seq %d", round, cp, cl.Last())
+		}
+		cps = append(cps, cp)
+	}
+	// A checkpoint of another partition in the same bucket is not ours.
+	other := openDB(t, "")
+	if err := ApplyTo(other, 1000, batchRepr(t, "other"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SaveCheckpoint(ctx, obs, 5, other); err != nil {
+		t.Fatal(err)
+	}
+	for range 7 {
+		o.mustCommit(ctx, 0) // the tail after the newest checkpoint
+	}
+
+	need, err := Prune(ctx, obs, 4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if need != cps[1].Seq+1 {
+		t.Fatalf("prune needs %d, want %d (oldest kept checkpoint + 1)", need, cps[1].Seq+1)
+	}
+	kept, err := ListCheckpoints(ctx, obs, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 2 || kept[0].Seq != cps[1].Seq || kept[1].Seq != cps[2].Seq {
+		t.Fatalf("kept %+v, want the two newest", kept)
+	}
+	if others, _ := ListCheckpoints(ctx, obs, 5); len(others) != 1 || others[0].Seq != 1000 {
+		t.Fatalf("partition 5's checkpoints %+v, want one at 1000", others)
+	}
+	// A standby far behind holds the floor down; one ahead does not.
+	if f := PurgeFloor(need, cps[0].Seq); f != cps[0].Seq+1 {
+		t.Fatalf("purge floor with a lagging standby = %d, want %d", f, cps[0].Seq+1)
+	}
+	floor := PurgeFloor(need, cl.Last())
+	if floor != need {
+		t.Fatalf("purge floor = %d, want %d", floor, need)
+	}
+	if err := cl.PurgeBelow(ctx, cl.Last()+2); err == nil {
+		t.Fatal("purge above the log's end accepted")
+	}
+	if err := cl.PurgeBelow(ctx, floor); err != nil {
+		t.Fatal(err)
+	}
+	if st := streamState(t, cl); st.FirstSeq != floor {
+		t.Fatalf("log starts at %d after the purge, want %d", st.FirstSeq, floor)
+	}
+
+	// Restore on an empty disk and catch up.
+	dir := filepath.Join(t.TempDir(), "restored")
+	if err := os.Mkdir(dir, 0o755); err != nil { // exists and empty: allowed
+		t.Fatal(err)
+	}
+	seq, err := Restore(ctx, obs, 4, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq != cps[2].Seq {
+		t.Fatalf("restored seq %d, want the newest checkpoint's %d", seq, cps[2].Seq)
+	}
+	dst := openDB(t, dir)
+	if a, err := AppliedSeq(dst); err != nil || a != seq {
+		t.Fatalf("restored store's applied seq = %d, %v; want %d", a, err, seq)
+	}
+	var n int
+	if err := cl.Replay(ctx, seq+1, applyAll(dst, &n)); err != nil {
+		t.Fatal(err)
+	}
+	if n != 7 {
+		t.Fatalf("replayed %d write-sets after the checkpoint, want 7", n)
+	}
+	assertSameStore(t, src, dst)
+
+	// From the oldest kept checkpoint the log is intact; below it, gone.
+	n = 0
+	if err := cl.Replay(ctx, need, func(uint64, []byte) error { n++; return nil }); err != nil {
+		t.Fatalf("replay from the oldest kept checkpoint: %v", err)
+	}
+	if n != 15+7 {
+		t.Fatalf("replay from %d read %d write-sets, want 22", need, n)
+	}
+	if err := cl.Replay(ctx, 1, func(uint64, []byte) error { return nil }); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("replay from 1 after the purge: %v, want ErrTruncated", err)
+	}
+	if err := cl.Replay(ctx, cps[0].Seq+1, func(uint64, []byte) error { return nil }); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("replay from the pruned checkpoint: %v, want ErrTruncated", err)
+	}
+
+	// Restore refuses a non-empty directory.
+	if _, err := Restore(ctx, obs, 4, dir); err == nil {
+		t.Fatal("restore into a non-empty directory accepted")
+	}
+}
+
+func TestCheckpointNames(t *testing.T) {
+	for _, c := range []struct {
+		p   int
+		seq uint64
+	}{{0, 0}, {3, 17}, {1024, 1<<64 - 1}} {
+		p, seq, ok := parseCheckpointName(CheckpointName(c.p, c.seq))
+		if !ok || p != c.p || seq != c.seq {
+			t.Fatalf("round trip of (%d, %d) = (%d, %d, %t)", c.p, c.seq, p, seq, ok)
+		}
+	}
+	for _, bad := range []string{"", "partition-1/seq-1.tar", "partition-01/seq-00000000000000000001.tar",
+		"partition-x/seq-00000000000000000001.tar", "partition-1/seq-0000000000000000000a.tar", "other"} {
+		if _, _, ok := parseCheckpointName(bad); ok {
+			t.Fatalf("parsed %q", bad)
+		}
+	}
+	if CheckpointName(1, 9) >= CheckpointName(1, 10) {
+		t.Fatal("names do not sort by sequence")
+	}
+}
