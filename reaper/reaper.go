@@ -90,7 +90,8 @@ type Hooks struct {
 	// progress for StallTimeout.
 	Stalled func(e *storage.JournalEntry)
 	// EraseFinished fires when an attempt at an erase ends (err nil: done,
-	// its receipt rc stored and its result in the outbox).
+	// its receipt rc stored and its result in the outbox; an error wrapping
+	// storage.ErrJournalGone: it was no longer in flight, nothing to do).
 	EraseFinished func(e *storage.EraseEntry, rc storage.Receipt, err error)
 }
 
@@ -313,11 +314,12 @@ func (s *Service) eraseLoop() {
 				span.SetAttributes(attribute.Int64("telha.versions_erased", int64(rc.VersionsErased)))
 			}
 			span.End()
-			if errors.Is(err, storage.ErrJournalGone) {
-				err = nil // finished meanwhile (a previous attempt's batch landed)
-			}
+			// Gone: no longer registered (finished by an earlier attempt whose
+			// answer was lost, or never committed). Not a failure, and not
+			// this attempt's finish either: it has no receipt to report.
+			gone := errors.Is(err, storage.ErrJournalGone)
 			s.eraseMu.Lock()
-			if err != nil && s.ctx.Err() == nil {
+			if err != nil && !gone && s.ctx.Err() == nil {
 				f.n, f.at, f.last = f.n+1, s.cfg.Clock.Now(), err.Error()
 				s.eraseFails[e] = f
 				s.cfg.Logger.Warn("erase failed; retried after a backoff", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
@@ -328,6 +330,10 @@ func (s *Service) eraseLoop() {
 			s.eraseMu.Unlock()
 			if s.cfg.Hooks.EraseFinished != nil {
 				s.cfg.Hooks.EraseFinished(e, rc, err)
+			}
+			if gone {
+				s.cfg.Logger.Debug("erase no longer in flight", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+					"request_id", e.Job.Prov.RequestID)
 			}
 			if err == nil {
 				s.cfg.Logger.Info("erase finished", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -206,6 +207,8 @@ type EraseEntry struct {
 	HeadKey []byte
 	Job     EraseJob // as committed at the commit point (progress is in the store)
 	removed chan struct{}
+	// committed: the head is durable (List shows only those).
+	committed atomic.Bool
 
 	traceMu     sync.Mutex
 	traceparent string // the request's W3C traceparent, in memory only
@@ -226,7 +229,8 @@ func (e *EraseEntry) Traceparent() string {
 	return e.traceparent
 }
 
-// Removed is closed when the erase has finished (its head deleted).
+// Removed is closed when the erase has finished (its head deleted), or
+// when the transaction that registered it did not commit.
 func (e *EraseEntry) Removed() <-chan struct{} { return e.removed }
 
 // Erases is the in-memory registry of erases in flight (loaded at open).
@@ -244,12 +248,17 @@ func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
 	return r.m[eraseIndex(sc, requestID)]
 }
 
-// List returns every erase in flight, oldest commit first.
+// List returns every erase in flight whose head is durable, oldest commit
+// first. One registered by a transaction still running on the writer is
+// not listed (it may yet roll back); ByRequest sees it, for the decisions
+// of the requests after it in the same group.
 func (r *Erases) List() []*EraseEntry {
 	r.mu.Lock()
 	out := make([]*EraseEntry, 0, len(r.m))
 	for _, e := range r.m {
-		out = append(out, e)
+		if e.committed.Load() {
+			out = append(out, e)
+		}
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b *EraseEntry) int {
@@ -289,7 +298,9 @@ func (s *Store) loadErases() error {
 				// sees the key (an erase must not be forgotten).
 				return fmt.Errorf("erase head %x: %w", k, err)
 			}
-			s.erases.add(&EraseEntry{Scope: sc, HeadKey: append([]byte(nil), k...), Job: j, removed: make(chan struct{})})
+			e := &EraseEntry{Scope: sc, HeadKey: append([]byte(nil), k...), Job: j, removed: make(chan struct{})}
+			e.committed.Store(true)
+			s.erases.add(e)
 			return nil
 		})
 		if err != nil {
@@ -319,7 +330,11 @@ func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
 	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
 	e := &EraseEntry{Scope: sc, HeadKey: key, Job: j, removed: make(chan struct{})}
 	t.s.erases.add(e)
-	t.OnRollback(func() { t.s.erases.remove(e) })
+	t.AfterCommit(func() { e.committed.Store(true) })
+	t.OnRollback(func() {
+		t.s.erases.remove(e)
+		close(e.removed)
+	})
 	return e
 }
 

@@ -3,6 +3,7 @@ package storage
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,7 +33,8 @@ type JournalEntry struct {
 	HeadKey []byte
 	J       Journal
 
-	removed chan struct{} // closed when the removal commits
+	removed   chan struct{} // closed when the removal commits, or when the head's transaction rolls back
+	committed atomic.Bool   // the head is durable (List shows only those)
 
 	traceMu     sync.Mutex
 	traceparent string // the request's W3C traceparent, in memory only
@@ -58,8 +60,9 @@ func newJournalEntry(sc Scope, key []byte, j Journal) *JournalEntry {
 	return &JournalEntry{Scope: sc, HeadKey: key, J: j, removed: make(chan struct{})}
 }
 
-// Removed returns a channel closed once the journal's removal has committed
-// (its fence is down).
+// Removed returns a channel closed once the journal's fence is down: its
+// removal has committed, or the transaction that registered it did not
+// commit (a waiter then finds it no longer registered).
 func (e *JournalEntry) Removed() <-chan struct{} { return e.removed }
 
 // PoisonJournal is a journal head that could not be decoded. It is kept
@@ -178,12 +181,17 @@ func (r *Journals) addPoison(p *PoisonJournal) bool {
 	return true
 }
 
-// List returns every journal entry, in commit order (by tx).
+// List returns every durable journal entry, in commit order (by tx). An
+// entry registered by a transaction still running on the writer is not
+// listed: it fences its node for that transaction's decisions, but it may
+// yet roll back.
 func (r *Journals) List() []*JournalEntry {
 	r.mu.RLock()
 	out := make([]*JournalEntry, 0, len(r.byKey))
 	for _, e := range r.byKey {
-		out = append(out, e)
+		if e.committed.Load() {
+			out = append(out, e)
+		}
 	}
 	r.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool {

@@ -291,7 +291,9 @@ func journalEntry(sc Scope, k, v []byte) (*JournalEntry, error) {
 	if j.Tx != key.CreatedAt {
 		return nil, fmt.Errorf("%w: journal tx %d differs from key created_at %d", ErrDecode, j.Tx, key.CreatedAt)
 	}
-	return newJournalEntry(sc, append([]byte(nil), k...), j), nil
+	e := newJournalEntry(sc, append([]byte(nil), k...), j)
+	e.committed.Store(true) // read from disk
+	return e, nil
 }
 
 // Close stops the writer (the tasks already queued still run) and closes

@@ -386,7 +386,11 @@ func (t *Txn) beginJournal(sc Scope, j Journal) *JournalEntry {
 	_ = t.b.Set(key, EncodeJournal(&j), nil)
 	e := newJournalEntry(sc, key, j)
 	t.s.journals.add(e)
-	t.OnRollback(func() { t.s.journals.remove(e) })
+	t.AfterCommit(func() { e.committed.Store(true) })
+	t.OnRollback(func() {
+		t.s.journals.remove(e)
+		close(e.removed) // its fence is down: whoever found it stops waiting
+	})
 	return e
 }
 
