@@ -109,10 +109,11 @@ func (c *Cluster) WaitJetStream(t testing.TB, within time.Duration) {
 	}
 }
 
-// StreamLeader returns the index of the server that leads stream, or -1.
-func (c *Cluster) StreamLeader(stream string) int {
+// Index returns the index of the server named name (a stream's
+// Cluster.Leader, say), or -1.
+func (c *Cluster) Index(name string) int {
 	for i, s := range c.Servers {
-		if s.Running() && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+		if s.Name() == name {
 			return i
 		}
 	}
