@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -100,5 +101,91 @@ func TestEraseChunkWithinMaxBatchOps(t *testing.T) {
 	}
 	if b := biggest.Load(); b > maxOps {
 		t.Fatalf("an erase batch held %d puts, over max_batch_ops %d", b, maxOps)
+	}
+}
+
+// TestEraseCutIsConsistent (issue 20 item 15): the versions an erase
+// rewrites are exactly those committed up to one point of the commit
+// order, journals included: a neighbour's journaled cascade that commits
+// while the erase starts either lands before the erase reads (and is
+// erased) or lands wholly after it, never half. Here, while the erase is
+// held right after its check of journals in flight, neighbour N's cascade
+// commits its journal (not applied yet) and then neighbour M's inline
+// cascade commits; both narrow an edge of the erased node X. Whatever the
+// erase read, no version of X's edges it left unerased may be older than
+// one it erased.
+func TestEraseCutIsConsistent(t *testing.T) {
+	sc := storage.MustScope("t15")
+	var hold atomic.Pointer[func()]
+	e := openEnv(t, "", Options{MaxBatchOps: 20, Hooks: Hooks{EraseChecked: func(*storage.EraseEntry) {
+		if fn := hold.Swap(nil); fn != nil {
+			(*fn)()
+		}
+	}}})
+	x, n, m := uuid.New(), uuid.New(), uuid.New()
+	for _, id := range []uuid.UUID{x, n, m} {
+		e.node(sc, id, storage.NoTs, storage.NoTs)
+	}
+	xn, xm := uuid.New(), uuid.New()
+	e.edge(sc, xn, x, n, storage.NoTs, storage.NoTs)
+	e.edge(sc, xm, m, x, storage.NoTs, storage.NoTs)
+	for i := 0; i < 5; i++ { // N's cascade is journaled (6 edges at max_batch_ops 20)
+		o := uuid.New()
+		e.node(sc, o, storage.NoTs, storage.NoTs)
+		e.edge(sc, uuid.New(), n, o, storage.NoTs, storage.NoTs)
+	}
+	if rc, err := e.ops.TombstoneNode(ctx, sc, x, storage.NoTs, anon); err != nil || rc.Journaled || rc.EdgesTombstoned != 2 {
+		t.Fatalf("tombstone_node x: %+v %v", rc, err)
+	}
+	out, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpEraseNode, ID: x, RequestID: "erase-x", ValidEnd: storage.NoTs, Prov: why}})
+	if err != nil || out[0].Kind != Erasing {
+		t.Fatalf("erase_node x: %+v %v", out[0], err)
+	}
+	var nj *storage.JournalEntry
+	fn := func() {
+		// Both narrow X's edges: valid_end before X's tombstone.
+		o, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpTombstoneNode, ID: n, ValidEnd: year(2000), Prov: anon}})
+		if err != nil || o[0].Kind != Journaled {
+			t.Errorf("tombstone_node n: %+v %v, want journaled", o[0], err)
+			return
+		}
+		nj = o[0].Journal
+		if rc, err := e.ops.TombstoneNode(ctx, sc, m, year(2000), anon); err != nil || rc.Journaled {
+			t.Errorf("tombstone_node m: %+v %v, want inline", rc, err)
+		}
+	}
+	hold.Store(&fn)
+	if _, err := e.ops.ApplyErase(ctx, out[0].Erase, EraseObserver{}); err != nil {
+		t.Fatalf("erase: %v", err)
+	}
+	if nj == nil {
+		t.Fatal("the erase was never held")
+	}
+	if _, err := e.ops.ApplyJournal(ctx, nj, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
+		t.Fatalf("n's journal: %v", err)
+	}
+	var erasedMax storage.Ts
+	type ver struct {
+		id uuid.UUID
+		tx storage.Ts
+	}
+	var unerased []ver
+	for _, id := range []uuid.UUID{xn, xm} {
+		hs, err := storage.History(e.store.Reader(), sc, storage.KindEdge, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range hs {
+			if v.Erased {
+				erasedMax = max(erasedMax, v.Tx.Start)
+			} else {
+				unerased = append(unerased, ver{id, v.Tx.Start})
+			}
+		}
+	}
+	for _, u := range unerased {
+		if u.tx < erasedMax {
+			t.Errorf("edge %s: a version at tx %s is unerased, though the erase erased one at tx %s: the erase's cut is not one point of the commit order", u.id, u.tx, erasedMax)
+		}
 	}
 }

@@ -123,25 +123,25 @@ var ErrEraseWaiting = errors.New("erase waiting")
 // journalTouching returns a journal in flight that may still write a
 // version of the erase's target: one fencing the node itself or any node
 // sharing an edge with it (erase_node), or either endpoint (erase_edge).
-func (o *Applier) journalTouching(sc storage.Scope, j storage.EraseJob) (*storage.JournalEntry, error) {
-	js := o.store.Journals()
-	if js.Len() == 0 {
+// r and fenced are read together, at one point of the commit order
+// (Store.Exclusive): fenced holds the tenant's fenced nodes then.
+func journalTouching(r pebble.Reader, sc storage.Scope, j storage.EraseJob, fenced map[uuid.UUID]*storage.JournalEntry) (*storage.JournalEntry, error) {
+	if len(fenced) == 0 {
 		return nil, nil
 	}
-	r := o.store.Reader()
 	if j.Op == storage.OpEraseEdge {
 		latest, ok, err := storage.Latest(r, sc, storage.KindEdge, j.ID)
 		if err != nil || !ok {
 			return nil, err
 		}
 		for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
-			if f := js.Fenced(sc, n); f != nil {
+			if f := fenced[n]; f != nil {
 				return f, nil
 			}
 		}
 		return nil, nil
 	}
-	if f := js.Fenced(sc, j.ID); f != nil {
+	if f := fenced[j.ID]; f != nil {
 		return f, nil
 	}
 	var found *storage.JournalEntry
@@ -152,7 +152,7 @@ func (o *Applier) journalTouching(sc storage.Scope, j storage.EraseJob) (*storag
 			if err != nil {
 				return fmt.Errorf("%w: %w", ErrStorage, err)
 			}
-			if f := js.Fenced(sc, row.Other); f != nil {
+			if f := fenced[row.Other]; f != nil {
 				found = f
 				return errFound
 			}
@@ -193,20 +193,45 @@ func (o *Applier) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 
 func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (storage.Receipt, error) {
 	sc, j := e.Scope, e.Job
-	// Every journal in flight that may still write a version the erase must
-	// rewrite: the node's own cascade, and the cascades of its neighbours
-	// (or of an edge's endpoints), which may narrow a shared edge. They
-	// finish first (bounded: a journal stuck for longer fails this attempt,
-	// which is retried after a backoff, and the erases behind it go on).
+	// The erase reads what it rewrites from one snapshot, its cut. Every
+	// journal in flight that may still write a version the erase must
+	// rewrite (the node's own cascade, and the cascades of its neighbours,
+	// or of an edge's endpoints, which may narrow a shared edge) lands at
+	// its own older tx, so it must have finished at the cut: the snapshot
+	// and the fences are taken together on the writer (one point of the
+	// commit order), and a journal found fencing the neighbourhood is
+	// waited for and the cut taken again. A journal committed after the
+	// cut writes at a tx above every tx the cut holds, like any later
+	// request: the erased versions are exactly those up to the cut.
+	// (Bounded: a journal stuck for longer fails this attempt, which is
+	// retried after a backoff, and the erases behind it go on.)
+	var snap *pebble.Snapshot
+	release := func() {
+		if snap != nil {
+			_ = snap.Close()
+			snap = nil
+		}
+	}
+	defer release()
 	waitUntil := time.Now().Add(EraseWaitLimit)
 	for {
-		f, err := o.journalTouching(sc, j)
+		var fenced map[uuid.UUID]*storage.JournalEntry
+		err := o.store.Exclusive(ctx, func() error {
+			snap = o.store.NewSnapshot()
+			fenced = o.store.Journals().Fences(sc)
+			return nil
+		})
+		if err != nil {
+			return storage.Receipt{}, err
+		}
+		f, err := journalTouching(snap, sc, j, fenced)
 		if err != nil {
 			return storage.Receipt{}, err
 		}
 		if f == nil {
 			break
 		}
+		release() // not held while waiting: the scrubs of others wait for zero snapshots
 		if applyJournals {
 			if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
 				return storage.Receipt{}, fmt.Errorf("erase of %s %s: the cascade of node %s: %w", j.Op, j.ID, f.J.NodeID, err)
@@ -224,14 +249,19 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 			return storage.Receipt{}, ctx.Err()
 		}
 	}
-	head, ok, err := o.store.EraseHead(o.store.Reader(), e)
+	if o.hooks.EraseChecked != nil {
+		o.hooks.EraseChecked(e)
+	}
+	head, ok, err := o.store.EraseHead(snap, e)
 	if err != nil {
 		return storage.Receipt{}, err
 	}
 	if !ok {
 		return storage.Receipt{}, fmt.Errorf("%w: erase %x", storage.ErrJournalGone, e.HeadKey)
 	}
-	if err := o.eraseVersions(ctx, e, &head, obs); err != nil {
+	err = o.eraseVersions(ctx, e, snap, &head, obs)
+	release() // before the scrub, which waits for zero snapshots
+	if err != nil {
 		return storage.Receipt{}, err
 	}
 	if _, err := o.scrub(ctx, sc); err != nil {
@@ -312,11 +342,9 @@ type erasedVersion struct {
 }
 
 // eraseVersions rewrites every version of the erase's target that is not
-// erased yet, in chunks of at most ChunkOps puts, the head that records
+// erased yet in snap (the erase's cut), in chunks of at most ChunkOps puts, the head that records
 // the progress included (ChunkOps is never above max_batch_ops).
-func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, head *storage.EraseJob, obs EraseObserver) error {
-	snap := o.store.NewSnapshot()
-	defer snap.Close()
+func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, snap *pebble.Snapshot, head *storage.EraseJob, obs EraseObserver) error {
 	sc, j := e.Scope, e.Job
 	// A chunk's versions, their keys in one buffer reused from chunk to
 	// chunk (no allocation per version in a million-version erase).

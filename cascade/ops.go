@@ -65,6 +65,11 @@ type Hooks struct {
 	JournalStep func(e *storage.JournalEntry, n int)
 	// EraseScrubbed fires when an erase has scrubbed the disk.
 	EraseScrubbed func(st storage.ScrubStats)
+	// EraseChecked, a test signal, fires when an erase has found no
+	// journal in flight that may still write a version it must rewrite,
+	// before it reads those versions. It may block: interleaving tests
+	// commit other requests there.
+	EraseChecked func(e *storage.EraseEntry)
 }
 
 // JournalSink takes journaled cascades once their head (the commit point)

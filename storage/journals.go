@@ -146,6 +146,22 @@ func (r *Journals) FencesBefore(s Scope, tx Ts) map[uuid.UUID]*JournalEntry {
 	return out
 }
 
+// Fences returns every node of a tenant fenced by a journal, with its
+// journal. Called on the writer (Store.Exclusive) together with a
+// snapshot, it tells an erase which journals may still write below the
+// snapshot's cut.
+func (r *Journals) Fences(s Scope) map[uuid.UUID]*JournalEntry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := map[uuid.UUID]*JournalEntry{}
+	for ref, e := range r.byNode {
+		if ref.tenant == s.tenant {
+			out[ref.node] = e
+		}
+	}
+	return out
+}
+
 func (r *Journals) add(e *JournalEntry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
