@@ -144,10 +144,15 @@ func TestE2EDuplicateRequestID(t *testing.T) {
 	if trs[1].Status != queue.StatusOK || trs[1].TxTime != tfirst.TxTime {
 		t.Fatalf("duplicate cascade: %+v, want %+v", trs[1], tfirst)
 	}
-	// A retry inside the duplicate window is dropped by the stream itself.
+	// The request stream keeps no duplicate window (issue 20 item 1): a
+	// retry with the same Nats-Msg-Id reaches the worker too, and its
+	// receipt answers it.
 	ack, err := b.client.Publish(context.Background(), "dup", tid, []byte(raw))
-	if err != nil || !ack.Duplicate {
-		t.Fatalf("publisher retry in the window: ack %+v err %v, want a duplicate", ack, err)
+	if err != nil || ack.Duplicate {
+		t.Fatalf("publisher retry: ack %+v err %v, want it stored", ack, err)
+	}
+	if trs = b.waitN(tid, 3); trs[2].Status != queue.StatusOK || trs[2].TxTime != tfirst.TxTime {
+		t.Fatalf("retry with the same Nats-Msg-Id: %+v, want %+v", trs[2], tfirst)
 	}
 }
 

@@ -15,13 +15,19 @@ type Config struct {
 	Prefix string
 	// Stream names. Defaults TELHA_REQ, TELHA_RES, TELHA_DLQ.
 	ReqStream, ResStream, DLQStream string
+	// NoDedupStream is the empty, sealed stream the request stream sources
+	// so that it may keep no duplicate window (see Provision). Default
+	// <ReqStream>_NODEDUP.
+	NoDedupStream string
 	// Partitions is P, the partition count of the request stream, fixed at
 	// install. Default 1.
 	Partitions int
 	// Owner is this replica's share of the partitions. Default 0/1 (all).
 	Owner Owner
-	// DuplicateWindow of the request and result streams (Nats-Msg-Id
-	// dedup). Default 2m.
+	// DuplicateWindow of the result and dead-letter streams (Nats-Msg-Id
+	// dedup of the worker's own publishes). Default 2m. The request stream
+	// has none: its ids are chosen by publishers, and a window shared by
+	// every tenant let one tenant's publisher suppress another's requests.
 	DuplicateWindow time.Duration
 	// ResultsMaxAge bounds how long results are kept. Default 24h.
 	ResultsMaxAge time.Duration
@@ -82,6 +88,7 @@ func (c Config) Defaults() Config {
 	def(&c.ReqStream, "TELHA_REQ")
 	def(&c.ResStream, "TELHA_RES")
 	def(&c.DLQStream, "TELHA_DLQ")
+	def(&c.NoDedupStream, c.ReqStream+"_NODEDUP")
 	defD := func(p *time.Duration, v time.Duration) {
 		if *p == 0 {
 			*p = v

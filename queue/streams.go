@@ -17,6 +17,16 @@ import (
 // (FNV-1a of the tenant token mod P). Replica i of N consumes the partitions
 // p with p % N == i through its own durable consumer; their filters never
 // overlap, as a work-queue stream requires.
+//
+// TELHA_REQ keeps no duplicate window. Its Nats-Msg-Ids are chosen by
+// publishers, and a window is shared by every subject of the stream: a
+// publisher of tenant a could make tenant b's request a silent duplicate
+// (issue 20). The server turns a zero window into 2 minutes and refuses one
+// under 100ms, except for a stream that sources another: so TELHA_REQ
+// sources TELHA_REQ_NODEDUP (Config.NoDedupStream), a stream created empty
+// and sealed at once, which can never hold a message. Exactly-once effect
+// rests on the worker's receipts, which are per tenant. An installed
+// TELHA_REQ (with the old 2-minute window) is updated in place.
 func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
 	c = c.Defaults()
 	req := jetstream.StreamConfig{
@@ -29,7 +39,8 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		},
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.FileStorage,
-		Duplicates: c.DuplicateWindow,
+		Duplicates: 0, // none: allowed because of the source below
+		Sources:    []*jetstream.StreamSource{{Name: c.NoDedupStream}},
 		MaxMsgSize: 1 << 20,
 		Replicas:   c.StreamReplicas,
 	}
@@ -73,6 +84,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("look up stream %s: %w", c.ReqStream, err)
 	}
+	if err := provisionNoDedup(ctx, js, c); err != nil {
+		return nil, err
+	}
 	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
@@ -106,6 +120,47 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		return nil, fmt.Errorf("provision consumer %s: %w", c.ConsumerName(), err)
 	}
 	return cons, nil
+}
+
+// provisionNoDedup makes sure the stream TELHA_REQ sources exists, empty
+// and sealed (a sealed stream stores nothing and cannot be unsealed). A
+// stream cannot be created sealed: it is created, purged of anything
+// published in between, then sealed.
+func provisionNoDedup(ctx context.Context, js jetstream.JetStream, c Config) error {
+	cfg := jetstream.StreamConfig{
+		Name: c.NoDedupStream,
+		Description: fmt.Sprintf("telha-cascade: empty and sealed; %s sources it so that it may keep no duplicate window "+
+			"(a window shared by every tenant let one tenant suppress another's requests)", c.ReqStream),
+		Subjects:  []string{c.NoDedupStream},
+		Retention: jetstream.LimitsPolicy,
+		Storage:   jetstream.FileStorage,
+		MaxMsgs:   1,
+		Discard:   jetstream.DiscardNew,
+		Replicas:  c.StreamReplicas,
+	}
+	s, err := js.Stream(ctx, c.NoDedupStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			s, err = js.Stream(ctx, c.NoDedupStream) // another replica created it
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("provision stream %s: %w", c.NoDedupStream, err)
+	}
+	info := s.CachedInfo()
+	if info.Config.Sealed {
+		return nil
+	}
+	if err := s.Purge(ctx); err != nil {
+		return fmt.Errorf("provision stream %s: purge before sealing: %w", c.NoDedupStream, err)
+	}
+	sealed := info.Config
+	sealed.Sealed = true
+	if _, err := js.UpdateStream(ctx, sealed); err != nil {
+		return fmt.Errorf("provision stream %s: seal: %w", c.NoDedupStream, err)
+	}
+	return nil
 }
 
 // ErrPartitionsChanged: the installed request stream has another partition
