@@ -61,6 +61,12 @@ var ErrFrozenBroken = fmt.Errorf("%w: journal's neighbourhood changed under its 
 // (Store.Exclusive); an edge to one of them stops the scan (see
 // JournalScan.Blocker).
 func ScanJournal(r pebble.Reader, e *storage.JournalEntry, earlier map[uuid.UUID]*storage.JournalEntry, fn func(*storage.Version) error) (JournalScan, error) {
+	return scanJournal(r, e, earlier, fn, nil)
+}
+
+// scanJournal is ScanJournal calling tick with the rows read so far every
+// yieldEvery adjacency rows.
+func scanJournal(r pebble.Reader, e *storage.JournalEntry, earlier map[uuid.UUID]*storage.JournalEntry, fn func(*storage.Version) error, tick func(rows int)) (JournalScan, error) {
 	j, sc, node := e.J, e.Scope, e.J.NodeID
 	var s JournalScan
 	rows := 0
@@ -72,6 +78,9 @@ func ScanJournal(r pebble.Reader, e *storage.JournalEntry, earlier map[uuid.UUID
 				// publisher) instead of waiting out the scheduler's 10 ms
 				// time slice behind it.
 				runtime.Gosched()
+				if tick != nil {
+					tick(rows)
+				}
 			}
 			row := a.Row
 			if !out && row.Other == node {
@@ -155,6 +164,10 @@ func (o *Applier) ChunkOps() int { return o.chunkOps }
 // JournalObserver receives a journal applier's progress. Every field is
 // optional; none may block for long.
 type JournalObserver struct {
+	// Scanned: the applier's scan of the neighbourhood has read rows
+	// adjacency rows so far (every few hundred rows: a super-node's scan,
+	// before its count or between two chunks, is progress too).
+	Scanned func(rows int64)
 	// Counted: the write-set holds total edges (those landed before
 	// included).
 	Counted func(total int64)
@@ -235,7 +248,15 @@ func (o *Applier) applyPass(ctx context.Context, e *storage.JournalEntry, obs Jo
 		}
 	}
 	defer release()
-	sum, err := ScanJournal(snap, e, earlier, nil)
+	tick := func(rows int) {
+		if obs.Scanned != nil {
+			obs.Scanned(int64(rows))
+		}
+		if o.hooks.JournalScanned != nil {
+			o.hooks.JournalScanned(e, rows)
+		}
+	}
+	sum, err := scanJournal(snap, e, earlier, nil, tick)
 	if err != nil {
 		return false, err
 	}
@@ -265,7 +286,7 @@ func (o *Applier) applyPass(ctx context.Context, e *storage.JournalEntry, obs Jo
 	ch := o.newChunker(ctx, e, obs)
 	defer ch.close()
 	ch.done = sum.Landed
-	_, err = ScanJournal(snap, e, earlier, ch.add)
+	_, err = scanJournal(snap, e, earlier, ch.add, tick)
 	if err == nil {
 		err = ch.finish()
 	}

@@ -63,6 +63,10 @@ type Hooks struct {
 	// every earlier step durable and nothing of it queued. It may block:
 	// interleaving tests hold a journal between two steps with it.
 	JournalStep func(e *storage.JournalEntry, n int)
+	// JournalScanned, a test signal, fires every few hundred adjacency
+	// rows of an applier's scan of journal e's neighbourhood (rows read so
+	// far in this scan). It may block.
+	JournalScanned func(e *storage.JournalEntry, rows int)
 	// EraseScrubbed fires when an erase has scrubbed the disk.
 	EraseScrubbed func(st storage.ScrubStats)
 	// EraseChecked, a test signal, fires when an erase has found no

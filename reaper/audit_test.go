@@ -85,3 +85,77 @@ func TestPanickingApplierLeaksNoSnapshot(t *testing.T) {
 		t.Fatal("the erase did not finish")
 	}
 }
+
+// TestLongScanIsNotAStall (issue 20 item 17): an applier counting a hub
+// whose scan outlasts StallTimeout, but which keeps reading rows, is not
+// abandoned: the scan reports progress to the watchdog. The clock is the
+// test's: it moves 3/4 of StallTimeout every few hundred rows of the scan,
+// so a scan that reported nothing would be idle for several timeouts.
+func TestLongScanIsNotAStall(t *testing.T) {
+	const stallTimeout = 40 * time.Millisecond
+	stalled := make(chan struct{}, 4)
+	finished := make(chan error, 4)
+	var w *world
+	var ticks atomic.Int64
+	var armed atomic.Bool
+	w = openWorld(t, Config{StallTimeout: stallTimeout, RetryBackoff: time.Hour, Hooks: Hooks{
+		Stalled:  func(*storage.JournalEntry) { stalled <- struct{}{} },
+		Finished: func(_ *storage.JournalEntry, _ storage.Receipt, err error) { finished <- err },
+	}}, cascade.Hooks{JournalScanned: func(*storage.JournalEntry, int) {
+		if !armed.Load() {
+			return
+		}
+		w.clock.Advance(stallTimeout * 3 / 4)
+		if ticks.Add(1) == 3 {
+			// Idle for 2.25 timeouts unless the scan reported progress: give
+			// the watchdog (ticking every StallTimeout/4) ample time to act.
+			select {
+			case <-stalled:
+				stalled <- struct{}{}
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}})
+	w.svc.Start()
+	h := uuid.New()
+	open := func(r cascade.Request) cascade.Request {
+		r.Scope, r.Prov, r.ValidFrom, r.ValidTo, r.ValidEnd = sc, prov, storage.NoTs, storage.NoTs, storage.NoTs
+		return r
+	}
+	reqs := []cascade.Request{open(cascade.Request{Op: storage.OpPutNode, ID: h})}
+	for i := 0; i < 4*256; i++ {
+		m := uuid.New()
+		reqs = append(reqs, open(cascade.Request{Op: storage.OpPutNode, ID: m}),
+			open(cascade.Request{Op: storage.OpPutEdge, ID: uuid.New(), Src: h, Dst: m}))
+	}
+	out, _, err := w.ops.Apply(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, oc := range out {
+		if oc.Err != nil {
+			t.Fatal(oc.Err)
+		}
+	}
+	armed.Store(true)
+	w.tombstone(h, "del-long-scan")
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatalf("the attempt failed: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the attempt did not end")
+	}
+	if ticks.Load() < 3 {
+		t.Fatalf("the scan ticked %d times; the test wants at least 3", ticks.Load())
+	}
+	select {
+	case <-stalled:
+		t.Fatal("the watchdog abandoned an applier that was scanning")
+	default:
+	}
+	if !w.dead(h) {
+		t.Fatal("hub alive")
+	}
+}

@@ -51,7 +51,8 @@ type Config struct {
 	// never hold every slot. Default 4.
 	MaxAppliers int
 	// StallTimeout: an attempt whose applier makes no progress (no chunk
-	// lands) for this long while applying (not while it waits for an
+	// lands, and its scan of the neighbourhood reads no rows) for this
+	// long while applying (not while it waits for an
 	// earlier journal) is abandoned and retried like a failure. Default 1
 	// minute: a chunk of 100k puts takes well under a second.
 	StallTimeout time.Duration
@@ -473,6 +474,9 @@ func (s *Service) attempt(j *journal) {
 	}
 	defer release()
 	obs := cascade.JournalObserver{
+		// A scan reading rows is progress: a hub whose scan outlasts
+		// StallTimeout is not a stalled applier.
+		Scanned: func(int64) { j.mu.Lock(); j.progress = now(); j.mu.Unlock() },
 		Counted: func(n int64) { j.mu.Lock(); j.total, j.progress = n, now(); j.mu.Unlock() },
 		Applied: func(n int64) { j.mu.Lock(); j.applied, j.waitingFor, j.progress = n, nil, now(); j.mu.Unlock() },
 		Waiting: func(on *storage.JournalEntry) { j.mu.Lock(); j.waitingFor = on; j.mu.Unlock() },
@@ -577,8 +581,9 @@ func (s *Service) acquire(ctx context.Context, j *journal) error {
 
 func (s *Service) release() { <-s.slots }
 
-// watch abandons j's attempt when it stalls: no progress for StallTimeout
-// while applying (waiting for an earlier journal is not a stall).
+// watch abandons j's attempt when it stalls: no progress (a chunk landed,
+// a few hundred rows scanned) for StallTimeout while applying (waiting for
+// an earlier journal or for an applier slot is not a stall).
 func (s *Service) watch(j *journal, stall context.CancelCauseFunc, done <-chan struct{}) {
 	t := time.NewTicker(max(s.cfg.StallTimeout/4, time.Millisecond))
 	defer t.Stop()
