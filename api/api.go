@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -36,14 +38,24 @@ type Options struct {
 	// Partitions describes what this replica owns, for /v1/partitions.
 	Partitions func() Partitions
 	// Auth admits /v1/ requests (nil: everyone, as --auth off).
-	Auth   *Auth
-	Logger *slog.Logger
+	Auth *Auth
+	// MaxWaiting bounds the reads waiting at once (for safe time to reach
+	// the tx asked, or for a journal in flight: the wait parameter, and a
+	// later page of an edge walk); past it a read that would wait is
+	// answered 503 with Retry-After at once. 0: DefaultMaxWaiting.
+	MaxWaiting int
+	Logger     *slog.Logger
 }
+
+// DefaultMaxWaiting is the default bound on reads waiting at once.
+const DefaultMaxWaiting = 256
 
 // Server holds what the handlers need.
 type Server struct {
 	store *storage.Store
 	opts  Options
+	// waiting holds a slot per read that waits (see Options.MaxWaiting).
+	waiting chan struct{}
 }
 
 // Handler returns the HTTP handler.
@@ -54,7 +66,10 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{store: store, opts: opts}
+	if opts.MaxWaiting <= 0 {
+		opts.MaxWaiting = DefaultMaxWaiting
+	}
+	s := &Server{store: store, opts: opts, waiting: make(chan struct{}, opts.MaxWaiting)}
 	mux := http.NewServeMux()
 	if opts.Health {
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -88,7 +103,9 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		began := time.Now()
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		defer func() {
-			opts.Logger.Debug("http", "method", r.Method, "path", r.URL.Path, "query", storage.QuoteShort(r.URL.RawQuery), "status", sw.code,
+			// The query's parameter names, never its values (a token or
+			// anything else a client put in a URL stays out of the logs).
+			opts.Logger.Debug("http", "method", r.Method, "path", storage.QuoteShort(r.URL.Path), "params", queryNames(r.URL.RawQuery), "status", sw.code,
 				"bytes", sw.n, "took", time.Since(began), "remote", r.RemoteAddr)
 		}()
 		// An empty path segment (/v1/tenants//nodes/...) is a bad request,
@@ -107,6 +124,36 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		}
 		mux.ServeHTTP(sw, r)
 	})
+}
+
+// queryNames lists the parameter names of a raw query, sorted, without
+// their values (bounded: at most 16 names of 32 bytes).
+func queryNames(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	var names []string
+	seen := map[string]bool{}
+	for part := range strings.SplitSeq(raw, "&") {
+		name, _, _ := strings.Cut(part, "=")
+		if n, err := url.QueryUnescape(name); err == nil {
+			name = n
+		}
+		if len(name) > 32 {
+			name = name[:32] + "…"
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		if len(names) == 16 {
+			names = append(names, "…")
+			break
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return storage.QuoteShort(strings.Join(names, ","))
 }
 
 // statusWriter remembers the status and size of a response (access log).
@@ -252,9 +299,15 @@ func (s *Server) params(r *http.Request) (params, error) {
 	if p.t > committed {
 		// Not every tx up to t is committed yet: wait (up to wait) or
 		// answer at the committed tx, which the answer says.
-		ctx, cancel := context.WithDeadline(r.Context(), p.deadline)
-		committed = s.store.WaitCommitted(ctx, p.t)
-		cancel()
+		if time.Until(p.deadline) > 0 {
+			if !s.acquireWait() {
+				return p, errBusy
+			}
+			ctx, cancel := context.WithDeadline(r.Context(), p.deadline)
+			committed = s.store.WaitCommitted(ctx, p.t)
+			cancel()
+			s.releaseWait()
+		}
 		p.t = min(p.t, committed)
 		if !p.explicitV {
 			p.v = max(p.v, committed)
@@ -285,39 +338,63 @@ func parseWait(v string) (time.Duration, error) {
 // settle lowers p.t below every journal in flight that fences one of nodes
 // with a tx at or below it (their chunks may still land there), after
 // waiting for them until p's deadline (storage/safetime.go).
-func (s *Server) settle(ctx context.Context, p *params, nodes ...uuid.UUID) {
+func (s *Server) settle(ctx context.Context, p *params, nodes ...uuid.UUID) error {
 	for {
 		t, by := s.store.SafeAt(p.scope, p.t, nodes...)
 		if by == nil {
-			return
+			return nil
 		}
-		if !s.waitJournal(ctx, by, p.deadline) {
+		removed, err := s.waitJournal(ctx, by, p.deadline)
+		if err != nil {
+			return err
+		}
+		if !removed {
 			p.t, p.inflight = t, by
-			return
+			return nil
 		}
 	}
 }
 
-// waitJournal waits until e is removed or the deadline passes.
-func (s *Server) waitJournal(ctx context.Context, e *storage.JournalEntry, deadline time.Time) bool {
+// errBusy: a read would wait, and MaxWaiting reads wait already.
+var errBusy = errors.New("busy")
+
+func (s *Server) acquireWait() bool {
+	select {
+	case s.waiting <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Server) releaseWait() { <-s.waiting }
+
+// waitJournal waits until e is removed or the deadline passes; it reports
+// whether e was removed. A wait takes one of MaxWaiting slots (errBusy
+// when none is free); a deadline passed already never waits.
+func (s *Server) waitJournal(ctx context.Context, e *storage.JournalEntry, deadline time.Time) (bool, error) {
+	select {
+	case <-e.Removed():
+		return true, nil
+	default:
+	}
 	d := time.Until(deadline)
 	if d <= 0 {
-		select {
-		case <-e.Removed():
-			return true
-		default:
-			return false
-		}
+		return false, nil
 	}
+	if !s.acquireWait() {
+		return false, errBusy
+	}
+	defer s.releaseWait()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-e.Removed():
-		return true
+		return true, nil
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-	return false
+	return false, nil
 }
 
 // asOf is what every read answers besides its data: the coordinate it was
@@ -347,6 +424,11 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	var br badRequest
 	if errors.As(err, &br) {
 		writeError(w, http.StatusBadRequest, br.msg)
+		return
+	}
+	if errors.Is(err, errBusy) {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("%d reads are waiting already (the most this worker lets wait at once): retry, or read without wait", cap(s.waiting)))
 		return
 	}
 	s.opts.Logger.Error("read failed", "err", err)
@@ -387,15 +469,13 @@ func (s *Server) entity(k storage.Kind) http.HandlerFunc {
 // an edge's endpoints' (immutable, so its latest version names them).
 func (s *Server) settleEntity(ctx context.Context, p *params, k storage.Kind) error {
 	if k == storage.KindNode {
-		s.settle(ctx, p, p.id)
-		return nil
+		return s.settle(ctx, p, p.id)
 	}
 	latest, ok, err := storage.Latest(s.store.Reader(), p.scope, storage.KindEdge, p.id)
 	if err != nil || !ok {
 		return err
 	}
-	s.settle(ctx, p, latest.Src, latest.Dst)
-	return nil
+	return s.settle(ctx, p, latest.Src, latest.Dst)
 }
 
 // Paging of the list reads: limit (default DefaultLimit, at most
@@ -526,8 +606,9 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		}
 		p.v, p.t = c.v, c.t
 		after = &storage.EdgeCursor{Out: c.out, ID: c.edge}
-	} else {
-		s.settle(r.Context(), &p, p.id)
+	} else if err := s.settle(r.Context(), &p, p.id); err != nil {
+		s.fail(w, err)
+		return
 	}
 	var page storage.EdgesPage
 	for {
@@ -535,25 +616,29 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		// written: a first page lowers t below it (or waits); a later page,
 		// whose walk is pinned, waits for it (it never lowers t mid-walk).
 		var blocked *storage.JournalEntry
-		page, err = storage.EdgesOfPage(s.store.Reader(), p.scope, p.id, dir, p.v, p.t, after, limit, 10*limit+1000, func(other uuid.UUID) bool {
-			if _, by := s.store.SafeAt(p.scope, p.t, other); by != nil {
-				blocked = by
-				return false
-			}
-			return true
-		})
+		page, blocked, err = SafeEdgesPage(s.store, p.scope, p.id, dir, p.v, p.t, after, limit, 10*limit+1000)
 		if err != nil || blocked == nil {
 			break
 		}
 		if c != nil {
-			if !s.waitJournal(r.Context(), blocked, time.Now().Add(MaxWait)) {
+			removed, err := s.waitJournal(r.Context(), blocked, time.Now().Add(MaxWait))
+			if err != nil {
+				s.fail(w, err)
+				return
+			}
+			if !removed {
 				w.Header().Set("Retry-After", "5")
 				writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the walk's coordinate (tx %s) meets the cascade of node %s in flight; retry this page", p.t, blocked.J.NodeID))
 				return
 			}
 			continue
 		}
-		if !s.waitJournal(r.Context(), blocked, p.deadline) {
+		removed, err := s.waitJournal(r.Context(), blocked, p.deadline)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		if !removed {
 			p.t, p.inflight = blocked.J.Tx-1, blocked
 		}
 	}
@@ -595,6 +680,10 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		}
 		var after *[2]storage.Ts
 		if c != nil {
+			if p.explicitT && p.asked != c.t {
+				s.fail(w, bad("the cursor belongs to a history read at another tx (tx %s, the cursor's %s): drop tx, or start again without the cursor", p.asked, c.t))
+				return
+			}
 			if c.t > s.store.Committed() {
 				s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", c.t))
 				return

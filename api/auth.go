@@ -195,28 +195,31 @@ func mayRead(ctx context.Context, t string) bool {
 }
 
 // identify says who a request is: everyone (--auth off, or a loopback
-// client without tokens configured) or a token's holder. The token comes
-// from the Authorization header, or, when cookie is set (the status
-// page), from the TokenCookie cookie. ok is false, with the status and
-// message to answer and the refusal counted, when it is no one.
-func (a *Auth) identify(r *http.Request, cookie bool) (p Principal, ok bool, status int, msg string) {
+// client without tokens configured) or the holder of the token of the
+// Authorization header. ok is false, with the status and message to
+// answer and the refusal counted, when it is no one.
+//
+// Without tokens, a loopback peer is trusted only when it names this
+// worker by a loopback host (localhost, 127.0.0.0/8, [::1], any port): a
+// page of another site that a browser resolved to 127.0.0.1 (DNS
+// rebinding) sends its own host name, and is refused.
+func (a *Auth) identify(r *http.Request) (p Principal, ok bool, status int, msg string) {
 	switch a.mode {
 	case AuthOff:
 		return Principal{Name: "anyone (--auth off)", All: true}, true, 0, ""
 	case AuthLoopback:
 		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
-			return Principal{Name: "loopback", All: true}, true, 0, ""
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			a.denied("loopback_only")
+			return p, false, http.StatusUnauthorized, "this worker's API answers loopback clients only: it has no --auth-tokens-file (and no --auth off)"
 		}
-		a.denied("loopback_only")
-		return p, false, http.StatusUnauthorized, "this worker's API answers loopback clients only: it has no --auth-tokens-file (and no --auth off)"
-	}
-	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if bearer == "" && cookie {
-		if c, err := r.Cookie(TokenCookie); err == nil {
-			bearer = c.Value
+		if !LoopbackHost(r.Host) {
+			a.denied("loopback_only")
+			return p, false, http.StatusMisdirectedRequest, fmt.Sprintf("this worker has no --auth-tokens-file: it answers requests for a loopback host name only (localhost, 127.0.0.1, [::1]), not Host %s", quoteTenant(r.Host))
 		}
+		return Principal{Name: "loopback", All: true}, true, 0, ""
 	}
+	bearer, _ := BearerToken(r.Header.Get("Authorization"))
 	var tok *Token
 	if bearer != "" {
 		tok = a.lookup(bearer)
@@ -225,14 +228,47 @@ func (a *Auth) identify(r *http.Request, cookie bool) (p Principal, ok bool, sta
 		a.denied("unauthenticated")
 		return p, false, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer <token>)"
 	}
-	return Principal{Name: tok.Name, Tenants: tok.Tenants, Role: tok.Role}, true, 0, ""
+	return tok.principal(), true, 0, ""
+}
+
+func (t *Token) principal() Principal {
+	return Principal{Name: t.Name, Tenants: t.Tenants, Role: t.Role}
+}
+
+// BearerToken returns the token of an Authorization header value of the
+// Bearer scheme. The scheme is case-insensitive (RFC 7235 §2.1) and may be
+// followed by several spaces.
+func BearerToken(h string) (string, bool) {
+	scheme, rest, ok := strings.Cut(strings.TrimLeft(h, " "), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok := strings.Trim(rest, " ")
+	return tok, tok != ""
+}
+
+// LoopbackHost reports whether a Host header names this machine's loopback
+// interface: localhost, an address of 127.0.0.0/8 or [::1], with any port.
+func LoopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	host = strings.TrimSuffix(host, ".")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // admit decides a /v1/ request from its path, before anything is read. It
 // returns the request to serve (carrying its principal), or false when it
 // wrote the refusal.
 func (a *Auth) admit(w http.ResponseWriter, r *http.Request, needs Role) (*http.Request, bool) {
-	p, ok, status, msg := a.identify(r, false)
+	p, ok, status, msg := a.identify(r)
 	switch {
 	case !ok:
 		if a.mode == AuthTokens {
@@ -287,13 +323,48 @@ func (p Principal) Sees(t string) bool {
 // Operates reports whether the principal may take write actions.
 func (p Principal) Operates() bool { return p.All || p.Role == RoleOperate }
 
-// TokenCookie is the cookie the status page keeps a token in.
-const TokenCookie = "telha_token"
-
-// Principal identifies a request for the status page (see identify; the
-// page keeps its sign-in in the TokenCookie cookie).
+// Principal identifies a request for the status page from its mode and
+// Authorization header (see identify). The page's own sign-in is a
+// server-side session (package ui) that resolves through TokenPrincipal.
 func (a *Auth) Principal(r *http.Request) (p Principal, ok bool, status int, msg string) {
-	return a.identify(r, true)
+	return a.identify(r)
+}
+
+// TokenHash is how a session remembers a token: its SHA-256, never the
+// token itself.
+type TokenHash [32]byte
+
+// CheckToken returns the principal of a token (a sign-in) and the hash a
+// session keeps of it.
+func (a *Auth) CheckToken(token string) (Principal, TokenHash, bool) {
+	if a.mode != AuthTokens || token == "" {
+		return Principal{}, TokenHash{}, false
+	}
+	tok := a.lookup(token)
+	if tok == nil {
+		return Principal{}, TokenHash{}, false
+	}
+	return tok.principal(), sha256.Sum256([]byte(token)), true
+}
+
+// TokenPrincipal returns the principal of the token a session signed in
+// with, as the tokens file says now: a token removed from the file ends
+// its sessions.
+func (a *Auth) TokenPrincipal(h TokenHash) (Principal, bool) {
+	if a.mode != AuthTokens {
+		return Principal{}, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now := time.Now(); a.checkEvery < 0 || now.Sub(a.lastCheck) >= a.checkEvery {
+		a.lastCheck = now
+		_ = a.reload(false)
+	}
+	tok := a.tokens[h]
+	if tok == nil {
+		return Principal{}, false
+	}
+	return tok.principal(), true
 }
 
 // Denied counts a refusal the status page makes (forbidden_tenant,

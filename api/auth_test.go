@@ -70,6 +70,7 @@ func authEnv(t *testing.T, mode api.AuthMode) (*apiEnv, http.Handler, string, *d
 
 func call(h http.Handler, path, token, remote string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.Host = "127.0.0.1:8080" // as a client on this machine names the worker
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
