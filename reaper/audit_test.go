@@ -159,3 +159,26 @@ func TestLongScanIsNotAStall(t *testing.T) {
 		t.Fatal("hub alive")
 	}
 }
+
+// TestNoAttemptStartsOnceStopped (issue 20 item 18): once Stop has begun,
+// nothing starts an applier (a pass, a hand-off): Stop's wait for the
+// appliers cannot race an applier's start (a WaitGroup Add after its Wait),
+// and no applier touches the store after Stop returned (the caller closes
+// it then).
+func TestNoAttemptStartsOnceStopped(t *testing.T) {
+	var started atomic.Int64
+	w := openWorld(t, Config{Hooks: Hooks{Finished: func(*storage.JournalEntry, storage.Receipt, error) { started.Add(1) }}}, cascade.Hooks{})
+	h := w.orphan(6)
+	w.svc.Start()
+	w.svc.Stop()
+	res := w.svc.RunOnce(ctx) // a pass that was due as Stop began
+	for _, e := range w.store.Journals().List() {
+		w.svc.Begin(e) // a hand-off from a group still committing
+	}
+	if n := started.Load(); n != 0 {
+		t.Fatalf("%d attempts ran after Stop (pass %+v)", n, res)
+	}
+	if w.dead(h) || w.store.Journals().Len() != 1 {
+		t.Fatal("the journal was applied after Stop")
+	}
+}

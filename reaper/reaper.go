@@ -413,10 +413,20 @@ func (s *Service) record(e *storage.JournalEntry) *journal {
 	return j
 }
 
-// startAttempt starts an applier on j unless one is on it (the lease). It
-// returns the channel closed when the attempt ends, and whether it started
-// one.
+// startAttempt starts an applier on j unless one is on it (the lease) or
+// the service is stopping. It returns the channel closed when the attempt
+// ends (nil when stopping), and whether it started one.
+//
+// The check of stopping and the WaitGroup's Add happen under s.mu, where
+// Stop sets stopping before it waits: no applier starts once Stop has
+// begun (an Add after Wait would be a WaitGroup misuse, and the applier
+// would run on a store its owner is closing).
 func (s *Service) startAttempt(j *journal) (<-chan struct{}, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil, false
+	}
 	j.mu.Lock()
 	if j.active {
 		done := j.done
@@ -672,8 +682,11 @@ func (s *Service) pass(ctx context.Context) RunResult {
 			s.cfg.Logger.Info("resuming cascade journal", "tenant", e.Scope.Tenant(), "node", e.J.NodeID, "tx", e.J.Tx.String(),
 				"request_id", e.J.Prov.RequestID, "failures", fails)
 			mine = append(mine, started{j, done})
-		} else {
+		} else if done != nil {
 			res.Held++
+		} else {
+			errs = append(errs, errors.New("reaper stopping"))
+			break
 		}
 	}
 	for _, m := range mine {
