@@ -1,7 +1,10 @@
 package reaper
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,5 +183,118 @@ func TestNoAttemptStartsOnceStopped(t *testing.T) {
 	}
 	if w.dead(h) || w.store.Journals().Len() != 1 {
 		t.Fatal("the journal was applied after Stop")
+	}
+}
+
+// pickyPublisher fails for good on some request ids.
+type pickyPublisher struct {
+	mu    sync.Mutex
+	bad   map[string]bool
+	got   map[string]bool
+	tries map[string]int
+}
+
+func (p *pickyPublisher) PublishResult(_ context.Context, tenant, requestID string, _ storage.Receipt) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tries[requestID]++
+	if p.bad[requestID] {
+		return fmt.Errorf("result of %s: refused by the stream", requestID)
+	}
+	p.got[tenant+"/"+requestID] = true
+	return nil
+}
+
+func (p *pickyPublisher) has(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.got[key]
+}
+
+// TestFailingOutboxRowDoesNotBlockOthers (issue 20 item 19): a result
+// that the publisher refuses for good neither blocks the rows after it
+// nor other tenants' rows; it is retried with a backoff, and after
+// PoisonAfter failures it is parked, loudly (a hook for the metric, and
+// in the summary), and retried rarely.
+func TestFailingOutboxRowDoesNotBlockOthers(t *testing.T) {
+	w := openWorld(t, Config{}, cascade.Hooks{})
+	// Finished journals of two tenants leave their results in the outbox.
+	finish := func(tenant, rid string) {
+		s := storage.MustScope(tenant)
+		h := uuid.New()
+		if _, err := w.solo.PutNode(ctx, s, storage.NodeWrite{ID: h, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 5; i++ {
+			m := uuid.New()
+			if _, err := w.solo.PutNode(ctx, s, storage.NodeWrite{ID: m, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.solo.PutEdge(ctx, s, storage.EdgeWrite{ID: uuid.New(), Src: h, Dst: m, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, _, err := w.solo.Apply(ctx, []cascade.Request{{Scope: s, Op: storage.OpTombstoneNode, ID: h, RequestID: rid,
+			ValidFrom: storage.NoTs, ValidTo: storage.NoTs, ValidEnd: storage.NoTs, Prov: prov}})
+		if err != nil || out[0].Kind != cascade.Journaled {
+			t.Fatalf("tombstone_node: %+v %v", out[0], err)
+		}
+		if _, err := w.solo.ApplyJournal(ctx, out[0].Journal, cascade.JournalObserver{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rid := range []string{"a-bad", "a-1", "a-2", "a-3"} {
+		finish("a", rid)
+	}
+	for _, rid := range []string{"b-1", "b-2"} {
+		finish("b", rid)
+	}
+	pub := &pickyPublisher{bad: map[string]bool{"a-bad": true}, got: map[string]bool{}, tries: map[string]int{}}
+	var parked []string
+	svc, err := New(w.store, Config{Applier: cascade.NewApplier(w.store, cascade.Options{MaxBatchOps: 20, Logger: noLog}), Publisher: pub,
+		Clock: w.clock, Logger: noLog, PoisonAfter: 3, OutboxInterval: time.Second,
+		Hooks: Hooks{OutboxParked: func(tenant, requestID string, _ error) { parked = append(parked, tenant+"/"+requestID) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop()
+
+	n, err := svc.PublishOutbox(ctx)
+	if err == nil || !strings.Contains(err.Error(), "a-bad") {
+		t.Errorf("first publish: error %v, want the refused row named", err)
+	}
+	for _, k := range []string{"a/a-1", "a/a-2", "a/a-3", "b/b-1", "b/b-2"} {
+		if !pub.has(k) {
+			t.Errorf("%s not published: the refused row blocked it (published %d)", k, n)
+		}
+	}
+	// Retried after a backoff, not at every pass; parked at PoisonAfter.
+	if _, err := svc.PublishOutbox(ctx); err != nil {
+		t.Errorf("a pass within the row's backoff: %v, want nothing tried", err)
+	}
+	if pub.tries["a-bad"] != 1 {
+		t.Fatalf("the refused row was tried %d times within its backoff, want 1", pub.tries["a-bad"])
+	}
+	for i := 0; i < 2; i++ {
+		w.clock.Advance(11 * time.Minute)
+		_, _ = svc.PublishOutbox(ctx)
+	}
+	if pub.tries["a-bad"] != 3 || len(parked) != 1 || parked[0] != "a/a-bad" {
+		t.Fatalf("after 3 failures: tried %d times, parked %v; want 3 and a/a-bad parked once", pub.tries["a-bad"], parked)
+	}
+	if got := svc.Summarize().OutboxParked; got != 1 {
+		t.Fatalf("summary: %d results parked, want 1", got)
+	}
+	rows, _, err := w.store.PendingOutbox(storage.MustScope("a"))
+	if err != nil || len(rows) != 1 || rows[0].RequestID != "a-bad" {
+		t.Fatalf("outbox of a: %+v %v, want the refused row kept", rows, err)
+	}
+	// Once the publisher takes it, it leaves the outbox and the summary.
+	pub.mu.Lock()
+	pub.bad = nil
+	pub.mu.Unlock()
+	w.clock.Advance(11 * time.Minute)
+	if _, err := svc.PublishOutbox(ctx); err != nil || !pub.has("a/a-bad") || svc.Summarize().OutboxParked != 0 {
+		t.Fatalf("after the publisher recovered: %v, published %v, parked %d", err, pub.has("a/a-bad"), svc.Summarize().OutboxParked)
 	}
 }

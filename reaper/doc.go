@@ -23,7 +23,9 @@
 //   - results: the journal's removal stores its request's receipt and a
 //     result-outbox row in one batch; the service publishes the outbox
 //     (Publisher, the queue's results stream) and deletes each row once
-//     published;
+//     published; a row that fails is retried after a backoff without
+//     holding up the others, and parked (reported, retried rarely) after
+//     PoisonAfter failures;
 //   - progress: Journals and Summarize, for /v1/journals and the gauges.
 //
 // What it must not do: decide cascade semantics (package cascade does),

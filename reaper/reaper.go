@@ -90,6 +90,11 @@ type Hooks struct {
 	// Stalled fires when the watchdog abandons an attempt that made no
 	// progress for StallTimeout.
 	Stalled func(e *storage.JournalEntry)
+	// OutboxParked fires when a result has failed to publish PoisonAfter
+	// times in a row: it is parked (retried at most every 10 minutes) and
+	// the rows after it go on (metrics: a counter; the summary counts the
+	// parked rows).
+	OutboxParked func(tenant, requestID string, err error)
 	// EraseFinished fires when an attempt at an erase ends (err nil: done,
 	// its receipt rc stored and its result in the outbox; an error wrapping
 	// storage.ErrJournalGone: it was no longer in flight, nothing to do).
@@ -221,6 +226,9 @@ type Service struct {
 	traceMu sync.Mutex
 	traces  map[string]string // tenant \x00 request id -> traceparent of a finished journal, until its result is published
 
+	outboxFails map[string]eraseFailure // by outbox row key; under pubMu
+	parked      atomic.Int64            // rows of outboxFails parked (failures >= PoisonAfter)
+
 	eraseKick  chan struct{}
 	eraseMu    sync.Mutex
 	eraseFails map[*storage.EraseEntry]eraseFailure
@@ -244,7 +252,7 @@ func New(store *storage.Store, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("reaper schedule %q: %w", cfg.Schedule, err)
 	}
 	s := &Service{cfg: cfg, store: store, journals: map[string]*journal{}, kick: make(chan struct{}, 1),
-		eraseKick: make(chan struct{}, 1), eraseFails: map[*storage.EraseEntry]eraseFailure{}, traces: map[string]string{}, slots: make(chan struct{}, cfg.MaxAppliers)}
+		eraseKick: make(chan struct{}, 1), eraseFails: map[*storage.EraseEntry]eraseFailure{}, traces: map[string]string{}, outboxFails: map[string]eraseFailure{}, slots: make(chan struct{}, cfg.MaxAppliers)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.cron = cron.New(cron.WithLocation(time.UTC))
 	s.cron.Schedule(sched, cron.FuncJob(func() { s.RunOnce(s.ctx) }))
@@ -806,6 +814,9 @@ type Summary struct {
 	InFlight int           // decodable journals not yet removed
 	Oldest   time.Duration // age of the oldest of them
 	Poison   int           // undecodable heads, plus journals failing PoisonAfter times or more
+	// OutboxParked: results that failed to publish PoisonAfter times or
+	// more and are still in the outbox.
+	OutboxParked int
 }
 
 // Summarize reads the gauges' figures (at scrape time).
@@ -822,6 +833,7 @@ func (s *Service) Summarize() Summary {
 		}
 		sum.Oldest = max(sum.Oldest, st.Age)
 	}
+	sum.OutboxParked = int(s.parked.Load())
 	return sum
 }
 
@@ -852,19 +864,55 @@ func (s *Service) publishLoop() {
 // deletes each outbox row (through the writer) once the publisher has it.
 // A crash in between publishes again (the publisher is idempotent). It
 // returns how many it published.
+//
+// One row's failure holds up no other row, of its tenant or another: a
+// row that fails is retried after OutboxInterval * 2^(failures-1) (at most
+// 10 minutes) and the pass goes on with the next row. After PoisonAfter
+// failures in a row it is parked: logged as an error, reported
+// (Hooks.OutboxParked, Summary.OutboxParked) and still retried at that
+// backoff, so a publisher that recovers publishes it (the receipt is in
+// the store all along: the request lookup answers it). When several rows
+// in a row fail the publisher itself is taken to be down and the pass
+// stops there, so an outage costs one pass a few PublishTimeouts, not one
+// per row.
 func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 	if s.cfg.Publisher == nil {
 		return 0, nil
 	}
 	s.pubMu.Lock()
 	defer s.pubMu.Unlock()
-	n := 0
+	const downAfter = 3 // failures in a row that stop the pass
+	n, failedInRow := 0, 0
+	var errs []error
+	now := s.cfg.Clock.Now()
+	seen := map[string]bool{}
+	complete := false // every tenant's rows were listed
+	defer func() {
+		if complete {
+			// Rows no longer in the outbox (gone meanwhile) are forgotten.
+			for k := range s.outboxFails {
+				if !seen[k] {
+					delete(s.outboxFails, k)
+				}
+			}
+		}
+		s.parked.Store(int64(s.outboxParkedLocked()))
+	}()
 	for _, sc := range s.store.Tenants() {
 		rows, keys, err := s.store.PendingOutbox(sc)
 		if err != nil {
-			return n, err
+			return n, errors.Join(append(errs, err)...)
 		}
 		for i, o := range rows {
+			key := keys[i]
+			seen[string(key)] = true
+			f := s.outboxFails[string(key)]
+			if f.n > 0 && now.Sub(f.at) < backoff(s.cfg.OutboxInterval, f.n) {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return n, errors.Join(append(errs, err)...)
+			}
 			pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 			tk := o.Tenant + "\x00" + o.RequestID
 			s.traceMu.Lock()
@@ -875,17 +923,41 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 			}
 			err := s.cfg.Publisher.PublishResult(pctx, o.Tenant, o.RequestID, o.Receipt)
 			cancel()
-			if err == nil {
-				s.traceMu.Lock()
-				delete(s.traces, tk)
-				s.traceMu.Unlock()
-			}
 			if err != nil {
-				return n, fmt.Errorf("publish result of %q: %w", o.RequestID, err)
+				if ctx.Err() != nil {
+					return n, errors.Join(append(errs, ctx.Err())...)
+				}
+				f.n, f.at, f.last = f.n+1, s.cfg.Clock.Now(), err.Error()
+				s.outboxFails[string(key)] = f
+				err = fmt.Errorf("publish result of %q (tenant %s, failure %d): %w", o.RequestID, o.Tenant, f.n, err)
+				errs = append(errs, err)
+				switch {
+				case f.n == s.cfg.PoisonAfter:
+					s.cfg.Logger.Error("result parked: publishing it failed repeatedly; the results after it go on, and it is retried every "+
+						backoff(s.cfg.OutboxInterval, f.n).String()+" or less often (its receipt is stored: the request lookup answers it)",
+						"tenant", o.Tenant, "request_id", o.RequestID, "failures", f.n, "err", err)
+					if s.cfg.Hooks.OutboxParked != nil {
+						s.cfg.Hooks.OutboxParked(o.Tenant, o.RequestID, err)
+					}
+				case f.n < s.cfg.PoisonAfter:
+					s.cfg.Logger.Warn("result not published; retried after a backoff", "tenant", o.Tenant, "request_id", o.RequestID,
+						"failures", f.n, "err", err)
+				}
+				if failedInRow++; failedInRow >= downAfter {
+					return n, fmt.Errorf("%d results in a row failed to publish; the rest wait for the next pass: %w", failedInRow, errors.Join(errs...))
+				}
+				continue
 			}
-			key := keys[i]
+			failedInRow = 0
+			s.traceMu.Lock()
+			delete(s.traces, tk)
+			s.traceMu.Unlock()
+			if f.n >= s.cfg.PoisonAfter {
+				s.cfg.Logger.Info("parked result published", "tenant", o.Tenant, "request_id", o.RequestID, "failures", f.n)
+			}
+			delete(s.outboxFails, string(key))
 			if err := s.store.Update(ctx, func(t *storage.Txn) error { t.DeleteOutbox(key); return nil }); err != nil {
-				return n, err
+				return n, errors.Join(append(errs, err)...)
 			}
 			if s.cfg.Hooks.Published != nil {
 				s.cfg.Hooks.Published(o.Tenant, o.Receipt)
@@ -893,7 +965,18 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 			n++
 		}
 	}
-	return n, nil
+	complete = true
+	return n, errors.Join(errs...)
+}
+
+func (s *Service) outboxParkedLocked() int {
+	n := 0
+	for _, f := range s.outboxFails {
+		if f.n >= s.cfg.PoisonAfter {
+			n++
+		}
+	}
+	return n
 }
 
 // traceResult records the trace context the result of a request will be
