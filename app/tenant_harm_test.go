@@ -3,7 +3,11 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/api"
@@ -71,5 +75,78 @@ func TestHarmRetriedPublishAppliedOnce(t *testing.T) {
 	}
 	if got := b.storedResults(rid); len(got) != 1 {
 		t.Fatalf("TELHA_RES holds %d results of one request answered twice the same, want 1: %+v", len(got), got)
+	}
+}
+
+// TestHarmWildcardSubjectsAreDeadLettered (item 6): messages published to
+// the literal subjects telha.req.* and telha.req.> are consumed,
+// dead-lettered and answered, not kept in the request stream for ever.
+func TestHarmWildcardSubjectsAreDeadLettered(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{}, "--partitions", "3")
+	b := newBus(t, ns)
+	for i, subj := range []string{"telha.req.*", "telha.req.>"} {
+		rid := fmt.Sprintf("wild-%d", i)
+		raw, _ := json.Marshal(map[string]any{"request_id": rid, "op": "put_node", "tenant": "a", "id": uuid.NewString(),
+			"props": map[string]any{"secret": "erase-me"}})
+		b.sendRaw(subj, raw, "")
+		r := b.wait(rid)
+		if r.Status != queue.StatusInvalid || !strings.Contains(r.Error, "wildcard") {
+			t.Fatalf("%s: result %+v, want invalid (a wildcard subject)", subj, r)
+		}
+	}
+	var found []string
+	for _, d := range b.deadLetters() {
+		found = append(found, d.Header.Get("Telha-Original-Subject"))
+		if d.Header.Get("Telha-Reason") != queue.ReasonInvalid || d.Subject != "telha.dlq._" {
+			t.Errorf("dead letter %s reason %q", d.Subject, d.Header.Get("Telha-Reason"))
+		}
+	}
+	slices.Sort(found)
+	if !slices.Equal(found, []string{"telha.req.*", "telha.req.>"}) {
+		t.Fatalf("dead letters' original subjects %q", found)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, "TELHA_REQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnats.Eventually(t, 10*time.Second, "TELHA_REQ empty", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+}
+
+// TestHarmUnreadableTenantAnsweredOnItsSubject (item 9): a request on
+// telha.req.Acme (not a tenant name) is answered on telha.res.Acme, where
+// its publisher listens, and its dead letter keeps the subject it came on.
+func TestHarmUnreadableTenantAnsweredOnItsSubject(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	sub, err := b.nc.SubscribeSync("telha.res.Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(map[string]any{"request_id": "upper-1", "op": "put_node", "tenant": "Acme", "id": uuid.NewString()})
+	b.sendRaw("telha.req.Acme", raw, "")
+	m, err := sub.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no answer on telha.res.Acme: %v", err)
+	}
+	var r queue.Result
+	if err := json.Unmarshal(m.Data, &r); err != nil || r.RequestID != "upper-1" || r.Status != queue.StatusInvalid {
+		t.Fatalf("answer on telha.res.Acme: %s (%v)", m.Data, err)
+	}
+	if got := b.storedResults("upper-1"); len(got) != 1 {
+		t.Fatalf("TELHA_RES holds %d answers", len(got))
+	}
+	dls := b.deadLetters()
+	if len(dls) != 1 || dls[0].Subject != "telha.dlq.Acme" || dls[0].Header.Get("Telha-Original-Subject") != "telha.req.Acme" {
+		t.Fatalf("dead letters %+v, want one on telha.dlq.Acme from telha.req.Acme", dls)
 	}
 }

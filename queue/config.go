@@ -123,7 +123,6 @@ func (c Config) Defaults() Config {
 // ConsumerName is the durable consumer of replica i.
 func (c Config) ConsumerName() string { return fmt.Sprintf("telha-worker-%d", c.Owner.Index) }
 
-func (c Config) reqSubject(tenant string) string { return c.Prefix + ".req." + tenant }
 func (c Config) resSubject(tenant string) string { return c.Prefix + ".res." + tenant }
 func (c Config) dlqSubject(tenant string) string { return c.Prefix + ".dlq." + tenant }
 

@@ -490,6 +490,42 @@ func checkProps(raw json.RawMessage) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// MaxAnswerTokenBytes bounds the subject token results and dead letters are
+// published under (see AnswerToken).
+const MaxAnswerTokenBytes = 128
+
+// AnswerToken is the token of <prefix>.res.<token> and <prefix>.dlq.<token>
+// for a request that came on <prefix>.req.<tok>: tok itself, the subject
+// its publisher used, when it is a plain subject token (not a wildcard; no
+// dot, space or control character; valid UTF-8; at most
+// MaxAnswerTokenBytes), else "_". A tenant name is always its own token;
+// an unreadable one ("Acme") is answered where its publisher listens.
+func AnswerToken(tok string) string {
+	if tok == "" || tok == "*" || tok == ">" || len(tok) > MaxAnswerTokenBytes || !utf8.ValidString(tok) {
+		return "_"
+	}
+	for _, c := range tok {
+		if c == '.' || unicode.IsSpace(c) || unicode.IsControl(c) || c == utf8.RuneError {
+			return "_"
+		}
+	}
+	return tok
+}
+
+// originalSubject is the subject a request was published to: the stored
+// <prefix>.req.<p>.<tok> less its partition token (a stored subject the
+// transform did not map is the original).
+func originalSubject(prefix, stored string) string {
+	rest, ok := strings.CutPrefix(stored, prefix+".req.")
+	if !ok {
+		return stored
+	}
+	if p, tok, ok := strings.Cut(rest, "."); ok && p != "" && strings.Trim(p, "0123456789") == "" {
+		return prefix + ".req." + tok
+	}
+	return stored
+}
+
 // parseSubject extracts the tenant and partition from a request subject:
 // telha.req.<p>.<tenant> after the stream's transform (or telha.req.<tenant>
 // for a stream without one; the partition is then computed).

@@ -27,6 +27,11 @@ import (
 // and sealed at once, which can never hold a message. Exactly-once effect
 // rests on the worker's receipts, which are per tenant. An installed
 // TELHA_REQ (with the old 2-minute window) is updated in place.
+//
+// Replica 0's consumer also takes <prefix>.req.* (three tokens): only a
+// message published to the literal subject telha.req.* or telha.req.> is
+// stored so (the partition transform cannot map a wildcard token), and it
+// is dead-lettered instead of staying in the stream, unanswered, for ever.
 func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
 	c = c.Defaults()
 	req := jetstream.StreamConfig{
@@ -70,6 +75,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	}
 	if len(filters) == 0 {
 		return nil, fmt.Errorf("replica %s owns none of %d partitions", c.Owner, c.Partitions)
+	}
+	if c.Owner.Index == 0 {
+		filters = append(filters, c.Prefix+".req.*")
 	}
 	// P is fixed at install: changing it moves tenants between partitions
 	// (and replicas) that do not hold their data. Refuse rather than

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -209,4 +211,44 @@ func joinRoutes(r []string) string {
 		out += u
 	}
 	return out
+}
+
+func TestAnswerToken(t *testing.T) {
+	for tok, want := range map[string]string{
+		"acme": "acme", "Acme": "Acme", "ünï": "ünï", "a*b": "a*b", "_": "_",
+		"": "_", "*": "_", ">": "_", "a.b": "_", "a b": "_", "a\tb": "_", "a\x00": "_", "\xff": "_",
+		strings.Repeat("x", MaxAnswerTokenBytes): strings.Repeat("x", MaxAnswerTokenBytes),
+		strings.Repeat("x", MaxAnswerTokenBytes+1): "_",
+	} {
+		if got := AnswerToken(tok); got != want {
+			t.Errorf("AnswerToken(%q) = %q, want %q", tok, got, want)
+		}
+	}
+}
+
+func TestOriginalSubject(t *testing.T) {
+	for stored, want := range map[string]string{
+		"telha.req.3.acme": "telha.req.acme",
+		"telha.req.0.Acme": "telha.req.Acme",
+		"telha.req.acme":   "telha.req.acme",
+		"telha.req.*":      "telha.req.*",
+		"telha.req.>":      "telha.req.>",
+		"telha.req.x.acme": "telha.req.x.acme",
+		"other.req.1.acme": "other.req.1.acme",
+	} {
+		if got := originalSubject("telha", stored); got != want {
+			t.Errorf("originalSubject(%q) = %q, want %q", stored, got, want)
+		}
+	}
+}
+
+func TestClip(t *testing.T) {
+	long := strings.Repeat("é", 50_000) // 100 KB
+	got := clip(long, MaxHeaderBytes)
+	if len(got) > MaxHeaderBytes || !utf8.ValidString(got) || !strings.HasSuffix(got, "…[cut: 100000 bytes]") {
+		t.Fatalf("clip: %d bytes, valid %v, ends %q", len(got), utf8.ValidString(got), got[max(0, len(got)-30):])
+	}
+	if clip("short", 10) != "short" {
+		t.Fatal("clip changed a short value")
+	}
 }

@@ -107,7 +107,7 @@ type item struct {
 	msg      jetstream.Msg
 	meta     *jetstream.MsgMetadata
 	received time.Time
-	tenant   string // the subject's tenant ("_" when unreadable)
+	tenant   string // the subject's tenant token, AnswerToken'd: results and dead letters go there
 	req      cascade.Request
 	rej      *Reject
 	applied  bool
@@ -240,11 +240,11 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		items[i] = it
 		it.meta, _ = m.Metadata()
 		tenant, part, err := parseSubject(w.cfg.Prefix, m.Subject(), w.cfg.Partitions)
-		it.tenant = tenant
-		if !storage.ValidTenant(tenant) {
-			it.tenant = "_"
-		}
+		it.tenant = AnswerToken(tenant)
 		switch {
+		case tenant == "*" || tenant == ">":
+			it.rej = &Reject{Reason: ReasonInvalid, Err: fmt.Sprintf("subject %s: %q is a wildcard, not a tenant (publish to %s.req.<tenant>)",
+				clip(originalSubject(w.cfg.Prefix, m.Subject()), MaxHeaderBytes), tenant, w.cfg.Prefix)}
 		case err != nil:
 			it.rej = &Reject{Reason: ReasonWrongPartition, Err: err.Error()}
 		case part != Partition(tenant, w.cfg.Partitions) || !w.cfg.Owner.Owns(part):
@@ -614,7 +614,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	origID := it.msg.Headers().Get(jetstream.MsgIDHeader)
 	m.Header.Set("Telha-Error", why)
 	m.Header.Set("Telha-Reason", reason)
-	m.Header.Set("Telha-Original-Subject", w.cfg.reqSubject(it.tenant))
+	m.Header.Set("Telha-Original-Subject", clip(originalSubject(w.cfg.Prefix, it.msg.Subject()), MaxHeaderBytes))
 	m.Header.Set("Telha-Stream-Subject", it.msg.Subject())
 	m.Header.Set("Telha-Deliveries", strconv.FormatUint(delivered, 10))
 	if origID != "" {
