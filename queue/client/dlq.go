@@ -2,14 +2,18 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
@@ -79,37 +83,208 @@ type DeadLetterFilter struct {
 	Tenants []string
 	Limit   int // at most this many, newest first (0: 100)
 	Full    bool
+	// Before, when not 0, keeps the dead letters below this stream
+	// sequence: the Next of the previous page.
+	Before uint64
+}
+
+// DeadLetterPage is a page of dead letters, newest first.
+type DeadLetterPage struct {
+	Letters []DeadLetter
+	// Total is how many dead letters the filter's tenants hold (all
+	// tenants: the stream's count), whatever the reason.
+	Total uint64
+	// Next is the Before of the next (older) page; 0 when there is none.
+	Next uint64
+	// Read is how many messages were fetched from the server for the page.
+	Read int
 }
 
 // ListDeadLetters returns the dead letters of stream s, newest first, and
-// how many the stream holds.
+// how many the filter's tenants hold (see ListDeadLetterPage).
 func ListDeadLetters(ctx context.Context, s jetstream.Stream, prefix string, f DeadLetterFilter) ([]DeadLetter, uint64, error) {
+	p, err := ListDeadLetterPage(ctx, s, prefix, f)
+	return p.Letters, p.Total, err
+}
+
+// scanPerPage bounds the dead letters a page with a reason filter reads
+// (the reason is a header: the server cannot filter on it), in pages.
+const scanPerPage = 10
+
+// ListDeadLetterPage returns a page of the dead letters of stream s, newest
+// first. It costs O(the page): the tenants are selected by subject on the
+// server (<prefix>.dlq.<tenant>), never by reading other tenants' dead
+// letters, and each page reads O(Limit × log(stream)) messages at most
+// (a reason filter reads up to scanPerPage pages' worth, then gives a
+// Next to go on from).
+func ListDeadLetterPage(ctx context.Context, s jetstream.Stream, prefix string, f DeadLetterFilter) (DeadLetterPage, error) {
+	var page DeadLetterPage
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
+	all := f.Tenants == nil || containsTenant(f.Tenants, "*")
+	var subjects []string
+	switch {
+	case f.Tenant != "":
+		if !SafeToken(f.Tenant) || (!all && !containsTenant(f.Tenants, f.Tenant)) {
+			return page, nil
+		}
+		subjects = []string{prefix + ".dlq." + f.Tenant}
+	case all:
+		subjects = []string{prefix + ".dlq.*"}
+	default:
+		seen := map[string]bool{}
+		for _, t := range f.Tenants {
+			if SafeToken(t) && !seen[t] {
+				seen[t] = true
+				subjects = append(subjects, prefix+".dlq."+t)
+			}
+		}
+	}
+	if len(subjects) == 0 {
+		return page, nil
+	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, 0, err
+		return page, err
 	}
-	var out []DeadLetter
-	for n := info.State.LastSeq; n >= info.State.FirstSeq && n > 0 && len(out) < f.Limit; n-- {
-		m, err := s.GetMsg(ctx, n)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
+	if len(subjects) == 1 && subjects[0] == prefix+".dlq.*" {
+		page.Total = info.State.Msgs
+	} else {
+		for _, subj := range subjects {
+			si, err := s.Info(ctx, jetstream.WithSubjectFilter(subj))
+			if err != nil {
+				return page, err
+			}
+			page.Total += si.State.Subjects[subj]
 		}
+	}
+	first, hi := info.State.FirstSeq, info.State.LastSeq+1
+	if f.Before != 0 && f.Before < hi {
+		hi = f.Before
+	}
+	if first == 0 {
+		first = 1
+	}
+	scanned := 0
+	for len(page.Letters) < f.Limit && hi > first {
+		if f.Reason != "" && scanned >= scanPerPage*f.Limit {
+			page.Next = hi // the scan's bound: go on from here
+			return page, nil
+		}
+		// The newest f.Limit of every subject below hi, merged.
+		var cands []*jetstream.RawStreamMsg
+		for _, subj := range subjects {
+			ms, read, err := newestBelow(ctx, s, subj, first, hi, f.Limit)
+			page.Read += read
+			if err != nil {
+				return page, err
+			}
+			cands = append(cands, ms...)
+		}
+		sort.Slice(cands, func(i, j int) bool { return cands[i].Sequence > cands[j].Sequence })
+		if len(cands) > f.Limit {
+			cands = cands[:f.Limit]
+		}
+		if len(cands) == 0 {
+			return page, nil
+		}
+		scanned += len(cands)
+		for _, m := range cands {
+			hi = m.Sequence
+			d := DeadLetterOf(m, prefix, f.Full)
+			if f.Reason != "" && d.Reason != f.Reason {
+				continue
+			}
+			page.Letters = append(page.Letters, d)
+			if len(page.Letters) == f.Limit {
+				break
+			}
+		}
+		if len(cands) < f.Limit {
+			return page, nil // every subject is read to its start
+		}
+	}
+	if hi > first {
+		page.Next = hi
+	}
+	return page, nil
+}
+
+// newestBelow returns the newest n messages on subject subj (a filter)
+// with a sequence in [first, hi), newest first, and how many messages it
+// fetched. Every fetch is a server-side "next message on subj from seq",
+// so other subjects' messages are never read. It widens a window below hi
+// until it holds more than n (or reaches first), then bisects its lower
+// edge to where exactly n are above it: O(n log(hi-first)) fetches.
+func newestBelow(ctx context.Context, s jetstream.Stream, subj string, first, hi uint64, n int) ([]*jetstream.RawStreamMsg, int, error) {
+	read := 0
+	// forward reads up to max messages on subj in [lo, hi), oldest first.
+	forward := func(lo uint64, max int) ([]*jetstream.RawStreamMsg, error) {
+		var out []*jetstream.RawStreamMsg
+		for seq := lo; len(out) < max && seq < hi; {
+			m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read dead letters on %s from %d: %w", subj, seq, err)
+			}
+			read++
+			if m.Sequence >= hi {
+				break
+			}
+			out = append(out, m)
+			seq = m.Sequence + 1
+		}
+		return out, nil
+	}
+	newestFirst := func(ms []*jetstream.RawStreamMsg) []*jetstream.RawStreamMsg {
+		for i, j := 0, len(ms)-1; i < j; i, j = i+1, j-1 {
+			ms[i], ms[j] = ms[j], ms[i]
+		}
+		return ms
+	}
+	if hi <= first || n <= 0 {
+		return nil, 0, nil
+	}
+	// Widen: b is a lower edge with at most n above it (kept), a one with
+	// more.
+	var kept []*jetstream.RawStreamMsg
+	b, a := hi, uint64(0)
+	for w := uint64(n); ; w *= 2 {
+		lo := first
+		if hi-first > w {
+			lo = hi - w
+		}
+		ms, err := forward(lo, n+1)
 		if err != nil {
-			return nil, 0, err
+			return nil, read, err
 		}
-		d := DeadLetterOf(m, prefix, f.Full)
-		if (f.Tenant != "" && d.Tenant != f.Tenant) || (f.Reason != "" && d.Reason != f.Reason) {
+		if len(ms) <= n {
+			b, kept = lo, ms
+			if lo == first || len(ms) == n {
+				return newestFirst(kept), read, nil
+			}
 			continue
 		}
-		if f.Tenants != nil && !containsTenant(f.Tenants, d.Tenant) {
-			continue
-		}
-		out = append(out, d)
+		a = lo
+		break
 	}
-	return out, info.State.Msgs, nil
+	// Bisect between a (more than n above) and b (at most n above).
+	for b-a > 1 {
+		mid := a + (b-a)/2
+		ms, err := forward(mid, n+1)
+		if err != nil {
+			return nil, read, err
+		}
+		if len(ms) > n {
+			a = mid
+		} else {
+			b, kept = mid, ms
+		}
+	}
+	return newestFirst(kept), read, nil
 }
 
 func containsTenant(ts []string, t string) bool {
@@ -121,6 +296,29 @@ func containsTenant(ts []string, t string) bool {
 	return false
 }
 
+// SafeToken reports whether t can be one token of a subject: 1 to 255
+// bytes of valid UTF-8, none of them '.', '*', '>', a space or a control
+// character.
+func SafeToken(t string) bool {
+	if t == "" || len(t) > 255 || !utf8.ValidString(t) {
+		return false
+	}
+	for _, r := range t {
+		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || unicode.IsSpace(r) || unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// DeadLetterTenant returns the tenant of a dead letter from its own
+// subject, <prefix>.dlq.<tenant>: the subject the worker chose, never a
+// header a publisher could have planted.
+func DeadLetterTenant(subject, prefix string) (string, bool) {
+	t, ok := strings.CutPrefix(subject, prefix+".dlq.")
+	return t, ok && SafeToken(t)
+}
+
 // Retried is what RetryDeadLetter did.
 type Retried struct {
 	Seq              uint64 `json:"retried"`
@@ -130,8 +328,13 @@ type Retried struct {
 }
 
 // RetryDeadLetter republishes dead letter seq of stream s (its original
-// body and headers, to its original subject, under a new message id) and
-// then removes it.
+// body and headers, under a new message id) to the request subject of its
+// own tenant, <prefix>.req.<tenant>, the tenant read from the dead
+// letter's subject <prefix>.dlq.<tenant>; then it removes it. It never
+// publishes to a subject a header names (Telha-Original-Subject is a
+// record, not an address: retry publishes with the worker's or operator's
+// credentials), and carries none of the NATS headers (Nats-*) the dead
+// letter held.
 func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, prefix string, seq uint64) (Retried, error) {
 	m, err := s.GetMsg(ctx, seq)
 	if err != nil {
@@ -141,10 +344,12 @@ func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, s jetstream.St
 	if d.Truncated {
 		return Retried{}, fmt.Errorf("dead letter %d was stored cut short (%d of %d bytes): its body cannot be republished", seq, len(m.Data), d.Size)
 	}
-	if d.OriginalSubject == "" {
-		return Retried{}, fmt.Errorf("dead letter %d has no Telha-Original-Subject", seq)
+	tenant, ok := DeadLetterTenant(m.Subject, prefix)
+	if !ok {
+		return Retried{}, fmt.Errorf("dead letter %d is on subject %q, not %s.dlq.<tenant>: it cannot be retried", seq, shorten(m.Subject, 80), prefix)
 	}
-	rm := nats.NewMsg(d.OriginalSubject)
+	subject := prefix + ".req." + tenant
+	rm := nats.NewMsg(subject)
 	rm.Data = m.Data
 	keys := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -152,28 +357,42 @@ func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, s jetstream.St
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if strings.HasPrefix(k, "Telha-") || k == jetstream.MsgIDHeader {
-			continue // the worker's annotations, and the dead letter's own id
+		if ck := http.CanonicalHeaderKey(k); strings.HasPrefix(ck, "Telha-") || strings.HasPrefix(ck, "Nats-") {
+			continue // the worker's annotations, and the server's controls (message id, expectations, rollups, TTLs)
 		}
 		for _, v := range m.Header.Values(k) {
 			rm.Header.Add(k, v)
 		}
 	}
-	// A new message id: the original one may still be inside the request
-	// stream's duplicate window.
+	// A new message id, in the tenant's own namespace: the original one
+	// may still be inside the request stream's duplicate window.
 	id := d.MsgID
-	if id == "" {
-		id = RequestMsgID(d.Tenant, d.RequestID)
+	if !strings.HasPrefix(id, tenant+".") {
+		id = RequestMsgID(tenant, d.RequestID)
+	}
+	if len(id) > 200 {
+		sum := sha256.Sum256([]byte(id))
+		id = tenant + ".sha256-" + hex.EncodeToString(sum[:16])
 	}
 	rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s.retry-%d", id, seq))
 	ack, err := js.PublishMsg(ctx, rm)
 	if err != nil {
-		return Retried{}, fmt.Errorf("republish dead letter %d to %s: %w", seq, d.OriginalSubject, err)
+		return Retried{}, fmt.Errorf("republish dead letter %d to %s: %w", seq, subject, err)
 	}
 	if err := s.DeleteMsg(ctx, seq); err != nil {
 		return Retried{}, fmt.Errorf("dead letter %d republished (request stream seq %d) but not removed: %w", seq, ack.Sequence, err)
 	}
-	return Retried{Seq: seq, Subject: d.OriginalSubject, RequestID: d.RequestID, RequestStreamSeq: ack.Sequence}, nil
+	return Retried{Seq: seq, Subject: subject, RequestID: d.RequestID, RequestStreamSeq: ack.Sequence}, nil
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // DiscardDeadLetter removes dead letter seq of stream s.
