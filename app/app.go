@@ -78,10 +78,17 @@ type App struct {
 
 	httpLn, apiLn net.Listener
 	servers       []*http.Server
-	onStoreOpen   []func()
-	ncClosed      chan struct{}
-	storeOpen     atomic.Bool
-	startupDone   atomic.Bool
+	// httpCtx is the base context of every HTTP request: close cancels it
+	// first, so reads waiting (?wait=, a journal) answer at once, and
+	// inflight counts the handlers still running, so the store closes
+	// only once none is.
+	httpCtx     context.Context
+	httpStop    context.CancelFunc
+	inflight    inflight
+	onStoreOpen []func()
+	ncClosed    chan struct{}
+	storeOpen   atomic.Bool
+	startupDone atomic.Bool
 }
 
 // NewLogger builds the process logger from the configuration.
@@ -142,9 +149,10 @@ func (a *App) Ready() (bool, []string) {
 }
 
 // Run runs the worker until ctx is done, then shuts down in order: stop
-// fetching and finish what is held (ack), stop the reaper, pause journal
-// appliers between chunks (journals stay durable), stop HTTP, close NATS,
-// close Pebble. It returns nil after a clean shutdown.
+// fetching and finish what is held (ack); stop HTTP (stop accepting,
+// cancel the reads still waiting, wait for every handler); stop the
+// reaper, pausing journal appliers between chunks (journals stay durable);
+// close NATS; close Pebble. It returns nil after a clean shutdown.
 func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
 	a := &App{cfg: cfg, log: log}
 	defer func() {
@@ -438,6 +446,7 @@ func (a *App) refreshStats(ctx context.Context) {
 }
 
 func (a *App) listen() error {
+	a.httpCtx, a.httpStop = context.WithCancel(context.Background())
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on --http-addr %s: %w", a.cfg.HTTPAddr, err)
@@ -494,7 +503,8 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 		})
 	}
 	srv := &http.Server{
-		Handler:           http.MaxBytesHandler(served, 1<<20),
+		Handler:           a.inflight.wrap(http.MaxBytesHandler(served, 1<<20)),
+		BaseContext:       func(net.Listener) context.Context { return a.httpCtx },
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      60 * time.Second,
@@ -543,6 +553,16 @@ func (a *App) connect() error {
 		if err != nil {
 			return fmt.Errorf("%w: --nats-listen %q: bad port", ErrUsage, a.cfg.NATSListen)
 		}
+		// The embedded server has no authentication and no TLS: whoever
+		// reaches it can publish requests for every tenant, read every
+		// result and dead letter, and call the JetStream API (purge or
+		// delete the streams). So it listens on loopback only, like the
+		// read API without tokens; other hosts use a NATS server of their
+		// own, with accounts (--nats-url).
+		if !loopbackHost(host) {
+			a.log.Error("refusing to start the embedded NATS server on a non-loopback address: it has no authentication", "nats_listen", a.cfg.NATSListen)
+			return fmt.Errorf("%w: --nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", ErrUsage, a.cfg.NATSListen)
+		}
 		ns, err := server.NewServer(&server.Options{
 			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
 			StoreDir: filepath.Join(a.cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
@@ -579,6 +599,17 @@ func (a *App) connect() error {
 	}
 	a.nc = nc
 	return nil
+}
+
+// loopbackHost reports whether host (of --nats-listen) is a loopback
+// address: an IP literal on loopback, or "localhost". "" and the
+// unspecified addresses listen on every interface.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func tlsConfig(c Config) (*tls.Config, error) {
@@ -641,15 +672,31 @@ func (a *App) provision(ctx context.Context) error {
 func (a *App) close() error {
 	var errs []error
 	fatal := a.store != nil && a.store.FatalErr() != nil
+	// HTTP first: stop accepting, and cancel the readers' contexts so a
+	// read waiting for safe time or a journal (up to 30 s) answers now
+	// instead of holding the shutdown, or running on after the store
+	// closed. Then wait for every handler (bounded).
+	handlersDone := true
+	if a.httpStop != nil {
+		a.httpStop()
+		for _, srv := range a.servers {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := srv.Shutdown(ctx); err != nil {
+				_ = srv.Close()
+			}
+			cancel()
+		}
+		select {
+		case <-a.inflight.drain():
+		case <-time.After(5 * time.Second):
+			handlersDone = false
+			a.log.Error("HTTP handlers still running past the shutdown bound; the store is left open for the process exit to release", "handlers", a.inflight.count())
+		}
+	}
 	if a.reaper != nil && !fatal {
 		// Appliers stop between chunks; their journals stay durable. The
 		// outbox is published one last time.
 		a.reaper.Stop()
-	}
-	for _, srv := range a.servers {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = srv.Shutdown(ctx)
-		cancel()
 	}
 	if a.nc != nil {
 		if err := a.nc.Drain(); err == nil {
@@ -660,7 +707,7 @@ func (a *App) close() error {
 		}
 		a.nc.Close()
 	}
-	if a.store != nil && !fatal {
+	if a.store != nil && !fatal && handlersDone {
 		if err := a.store.Close(); err != nil {
 			errs = append(errs, err)
 		}
@@ -670,6 +717,67 @@ func (a *App) close() error {
 		a.ns.WaitForShutdown()
 	}
 	return errors.Join(errs...)
+}
+
+// inflight counts the HTTP handlers running; once drained it refuses new
+// ones (503), so its count only falls.
+type inflight struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed when n reaches 0 after drain
+}
+
+func (f *inflight) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !f.enter() {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		defer f.leave()
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (f *inflight) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.n++
+	return true
+}
+
+func (f *inflight) leave() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n == 0 && f.zero != nil {
+		close(f.zero)
+		f.zero = nil
+	}
+}
+
+// drain refuses new handlers and returns a channel closed once none runs.
+func (f *inflight) drain() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	ch := make(chan struct{})
+	if f.n == 0 {
+		close(ch)
+	} else {
+		f.zero = ch
+	}
+	return ch
+}
+
+func (f *inflight) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
 }
 
 // newOTLP is the OTLP/HTTP trace exporter behind a batching provider.
