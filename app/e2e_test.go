@@ -221,7 +221,7 @@ func TestE2EMalformedInputIsDeadLettered(t *testing.T) {
 		}
 		wantSubj := "telha.dlq.bad"
 		if c.subject == "telha.req.BAD" {
-			wantSubj = "telha.dlq._"
+			wantSubj = "telha.dlq.BAD" // the token its publisher used (issue 20 item 9)
 		}
 		if d.Subject != wantSubj {
 			t.Errorf("%s: dead letter on %s, want %s", c.name, d.Subject, wantSubj)

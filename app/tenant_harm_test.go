@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -148,5 +149,129 @@ func TestHarmUnreadableTenantAnsweredOnItsSubject(t *testing.T) {
 	dls := b.deadLetters()
 	if len(dls) != 1 || dls[0].Subject != "telha.dlq.Acme" || dls[0].Header.Get("Telha-Original-Subject") != "telha.req.Acme" {
 		t.Fatalf("dead letters %+v, want one on telha.dlq.Acme from telha.req.Acme", dls)
+	}
+}
+
+// TestHarmLargeEchoesStillDeadLettered (item 5): an error that echoes a
+// 100 KB field (an unknown key, the tenant, the id) or a 100 KB
+// (60 KB: the server takes no more) Nats-Msg-Id must not make the dead letter too large to store: every
+// header built from input is bounded, the copy is stored and the request
+// answered with a small result.
+func TestHarmLargeEchoesStillDeadLettered(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{}, "--max-deliver", "2")
+	b := newBus(t, ns)
+	big := strings.Repeat("k", 100<<10)
+	cases := map[string]struct {
+		body  map[string]any
+		msgID string
+	}{
+		"key":    {body: map[string]any{"request_id": "big-key", "op": "put_node", "tenant": "a", "id": uuid.NewString(), big: 1}},
+		"tenant": {body: map[string]any{"request_id": "big-tenant", "op": "put_node", "tenant": big, "id": uuid.NewString()}},
+		"id":     {body: map[string]any{"request_id": "big-id", "op": "put_node", "tenant": "a", "id": big}},
+		"op":     {body: map[string]any{"request_id": "big-op", "op": big, "tenant": "a", "id": uuid.NewString()}},
+		"msgid":  {body: map[string]any{"op": "put_node", "tenant": "a", "id": "x"}, msgID: big[:60<<10]}, // the server refuses headers over 64 KB
+	}
+	for name, c := range cases {
+		raw, _ := json.Marshal(c.body)
+		b.sendRaw("telha.req.a", raw, c.msgID)
+		if rid, ok := c.body["request_id"].(string); ok {
+			r := b.wait(rid)
+			if r.Status != queue.StatusInvalid {
+				t.Errorf("%s: %+v", name, r)
+			}
+			if enc, _ := json.Marshal(r); len(enc) > 4<<10 {
+				t.Errorf("%s: result of %d bytes: %.300s", name, len(enc), enc)
+			}
+		}
+	}
+	var dls []dlqMsg
+	testnats.Eventually(t, 30*time.Second, "a dead letter per request", func() bool {
+		dls = b.deadLetters()
+		return len(dls) == len(cases)
+	})
+	for _, d := range dls {
+		size := 0
+		for k, vs := range d.Header {
+			for _, v := range vs {
+				size += len(k) + len(v)
+				if len(v) > queue.MaxHeaderBytes {
+					t.Errorf("dead letter header %s of %d bytes", k, len(v))
+				}
+			}
+		}
+		if size > 8<<10 {
+			t.Errorf("dead letter headers of %d bytes", size)
+		}
+		if d.Header.Get("Telha-Truncated") != "" {
+			t.Errorf("dead letter body cut short: %v", d.Header)
+		}
+	}
+}
+
+// TestHarmMetricLabelsComeFromFixedSets (item 2): a rejected request's op
+// (or anything else from input) never becomes a label value: every label of
+// every telha_* family is from a fixed set, and a flood of long random ops
+// does not grow /metrics.
+func TestHarmMetricLabelsComeFromFixedSets(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	mustOK(t, b.wait(b.send("m", node(uuid.NewString()))))
+	before := len(scrape(t, w))
+	for i := 0; i < 30; i++ {
+		op := fmt.Sprintf("op-%d-%s", i, strings.Repeat(uuid.NewString(), 100))
+		raw, _ := json.Marshal(map[string]any{"request_id": fmt.Sprintf("flood-%d", i), "op": op, "tenant": "m", "id": uuid.NewString()})
+		b.sendRaw("telha.req.m", raw, "")
+		// An op that is not a string, and a body that is not JSON at all.
+		b.sendRaw("telha.req.m", []byte(fmt.Sprintf(`{"request_id":"flood-x-%d","op":{"%s":1}}`, i, op)), "")
+	}
+	for i := 0; i < 30; i++ {
+		if r := b.wait(fmt.Sprintf("flood-%d", i)); r.Status != queue.StatusInvalid {
+			t.Fatalf("flood %d: %+v", i, r)
+		}
+		b.wait(fmt.Sprintf("flood-x-%d", i))
+	}
+	text := scrape(t, w)
+	if len(text) > before+2048 {
+		t.Errorf("/metrics grew from %d to %d bytes with 60 rejected requests", before, len(text))
+	}
+	var ops []string
+	for _, o := range opNames() {
+		ops = append(ops, o)
+	}
+	allowed := map[string][]string{
+		"op":     append(ops, "unknown"),
+		"status": append(queue.Statuses(), "unknown"),
+		"reason": append(queue.DeadLetterReasons(), "unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only", "other"),
+		"path":   {"inline", "journaled"},
+		"lane":   {"foreground", "background"},
+		"result": {"ok", "error", "skipped"},
+	}
+	labelRE := regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "telha_") || strings.HasPrefix(line, "telha_build_info") {
+			continue
+		}
+		if len(line) > 512 {
+			t.Errorf("metric line of %d bytes: %.200s", len(line), line)
+			continue
+		}
+		open := strings.IndexByte(line, '{')
+		if open < 0 {
+			continue
+		}
+		for _, m := range labelRE.FindAllStringSubmatch(line[open:], -1) {
+			name, value := m[1], m[2]
+			if name == "le" {
+				continue
+			}
+			set, ok := allowed[name]
+			if !ok {
+				t.Errorf("label %q has no fixed set: %s", name, line)
+			} else if !slices.Contains(set, value) {
+				t.Errorf("label %s=%q is not in its fixed set: %.200s", name, value, line)
+			}
+		}
 	}
 }

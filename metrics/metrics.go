@@ -23,8 +23,15 @@ const (
 )
 
 // Metrics is the registry and every telha_* family.
+//
+// No label value comes from input unless it is one of a fixed set: the
+// vocabularies of Labels. A value outside its set is counted under
+// "unknown" (op, status) or "other" (reasons), so no caller can grow a
+// family (issue 20: a rejected request's raw op became a label).
 type Metrics struct {
 	Registry *prometheus.Registry
+
+	ops, statuses, dlReasons, deniedReasons map[string]bool
 
 	Requests          *prometheus.CounterVec
 	RequestDuration   *prometheus.HistogramVec
@@ -59,7 +66,11 @@ type Labels struct {
 func New(b Build, l Labels) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
-		Registry: r,
+		Registry:      r,
+		ops:           setOf(l.Ops),
+		statuses:      setOf(l.Statuses),
+		dlReasons:     setOf(l.DeadLetterReasons),
+		deniedReasons: setOf(l.DeniedReasons),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "telha_requests_total", Help: "Requests answered, by op and result status.",
 		}, []string{"op", "status"}),
@@ -150,8 +161,32 @@ func New(b Build, l Labels) *Metrics {
 	return m
 }
 
+func setOf(vs []string) map[string]bool {
+	out := make(map[string]bool, len(vs))
+	for _, v := range vs {
+		out[v] = true
+	}
+	return out
+}
+
+// Label values outside their fixed sets.
+const (
+	Unknown = "unknown" // op, status
+	Other   = "other"   // reason
+)
+
+// known returns v when it is in set, else alt.
+func known(set map[string]bool, v, alt string) string {
+	if set[v] {
+		return v
+	}
+	return alt
+}
+
 // Denied counts a read-API request refused by access control.
-func (m *Metrics) Denied(reason string) { m.APIDenied.WithLabelValues(reason).Inc() }
+func (m *Metrics) Denied(reason string) {
+	m.APIDenied.WithLabelValues(known(m.deniedReasons, reason, Other)).Inc()
+}
 
 // Handler serves the registry.
 func (m *Metrics) Handler() http.Handler {
@@ -175,19 +210,25 @@ func (m *Metrics) WriterTask(lane string, wait, run time.Duration) {
 
 // Request records a result published (op "unknown" when the request could
 // not be read).
-func (m *Metrics) Request(op, status string) { m.Requests.WithLabelValues(op, status).Inc() }
+func (m *Metrics) Request(op, status string) {
+	m.Requests.WithLabelValues(known(m.ops, op, Unknown), known(m.statuses, status, Unknown)).Inc()
+}
 
 // Acked records a request message acked or terminated, with the time since
 // the worker received it.
 func (m *Metrics) Acked(op string, took time.Duration) {
-	m.RequestDuration.WithLabelValues(op).Observe(took.Seconds())
+	m.RequestDuration.WithLabelValues(known(m.ops, op, Unknown)).Observe(took.Seconds())
 }
 
 // DeadLetter records one dead letter.
-func (m *Metrics) DeadLetter(reason string) { m.DeadLetters.WithLabelValues(reason).Inc() }
+func (m *Metrics) DeadLetter(reason string) {
+	m.DeadLetters.WithLabelValues(known(m.dlReasons, reason, Other)).Inc()
+}
 
 // DeadLetterFailed records a message terminated without its dead letter.
-func (m *Metrics) DeadLetterFailed(reason string) { m.DeadLetterFails.WithLabelValues(reason).Inc() }
+func (m *Metrics) DeadLetterFailed(reason string) {
+	m.DeadLetterFails.WithLabelValues(known(m.dlReasons, reason, Other)).Inc()
+}
 
 // Cascade records a cascade whose node tombstone landed.
 func (m *Metrics) Cascade(path string, edges uint64) {

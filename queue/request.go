@@ -135,7 +135,7 @@ func jsonProblem(err error) string {
 		case reflect.Struct, reflect.Pointer, reflect.Map:
 			want = "an object"
 		}
-		return fmt.Sprintf("field %q must be %s, not a JSON %s", te.Field, want, te.Value)
+		return fmt.Sprintf("field %s must be %s, not a JSON %s", storage.QuoteShort(te.Field), want, te.Value)
 	case errors.As(err, &te):
 		return fmt.Sprintf("the request must be a JSON object, not a JSON %s", te.Value)
 	case errors.As(err, &se):
@@ -144,7 +144,7 @@ func jsonProblem(err error) string {
 		return "the request is empty or cut short"
 	}
 	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return "unknown field " + f + " (see CONTRACT §5 for the request's fields)"
+		return "unknown field " + clip(f, MaxEchoBytes) + " (see CONTRACT §5 for the request's fields)"
 	}
 	return "the request is not a JSON object of the request's shape"
 }
@@ -189,11 +189,11 @@ func checkObject(data []byte, i int, allowed map[string]bool, where string) (int
 		end := skipString(data, i)
 		key := string(data[i+1 : end-1])
 		if !allowed[key] {
-			return 0, fmt.Errorf("unknown field %q%s", key, where)
+			return 0, fmt.Errorf("unknown field %s%s", storage.QuoteShort(key), where)
 		}
 		for _, k := range seen[:n] {
 			if k == key {
-				return 0, fmt.Errorf("field %q%s given twice", key, where)
+				return 0, fmt.Errorf("field %s%s given twice", storage.QuoteShort(key), where)
 			}
 		}
 		if n < len(seen) {
@@ -321,11 +321,11 @@ func validRequestID(s string) bool {
 // ParseUUID accepts only the canonical 36-character form.
 func ParseUUID(field, s string) (uuid.UUID, error) {
 	if len(s) != 36 {
-		return uuid.Nil, fmt.Errorf("%s %q is not a UUID (want 8-4-4-4-12 hex digits)", field, s)
+		return uuid.Nil, fmt.Errorf("%s %s is not a UUID (want 8-4-4-4-12 hex digits)", field, storage.QuoteShort(s))
 	}
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("%s %q is not a UUID: %v", field, s, err)
+		return uuid.Nil, fmt.Errorf("%s %s is not a UUID: %v", field, storage.QuoteShort(s), err)
 	}
 	return u, nil
 }
@@ -347,18 +347,18 @@ func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
 	}
 	op, ok := storage.ParseOp(*w.Op)
 	if !ok {
-		return bad("unknown op %q (want put_node, put_edge, tombstone_node, tombstone_edge, erase_node or erase_edge)", *w.Op)
+		return bad("unknown op %s (want put_node, put_edge, tombstone_node, tombstone_edge, erase_node or erase_edge)", storage.QuoteShort(*w.Op))
 	}
 	r.Op = op
 	if w.Tenant == nil {
 		return bad("tenant is required")
 	}
 	if *w.Tenant != subjectTenant {
-		return cascade.Request{}, &Reject{Reason: ReasonTenantMismatch, Err: fmt.Sprintf("tenant %q does not match the subject's tenant %q", *w.Tenant, subjectTenant)}
+		return cascade.Request{}, &Reject{Reason: ReasonTenantMismatch, Err: fmt.Sprintf("tenant %s does not match the subject's tenant %s", storage.QuoteShort(*w.Tenant), storage.QuoteShort(subjectTenant))}
 	}
 	sc, err := storage.NewScope(*w.Tenant)
 	if err != nil {
-		return bad("tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$", *w.Tenant)
+		return bad("tenant %s must match ^[a-z0-9][a-z0-9_-]{0,62}$", storage.QuoteShort(*w.Tenant))
 	}
 	r.Scope = sc
 	if w.ID == nil {
@@ -532,7 +532,7 @@ func originalSubject(prefix, stored string) string {
 func parseSubject(prefix, subject string, partitions int) (tenant string, part int, err error) {
 	rest, ok := strings.CutPrefix(subject, prefix+".req.")
 	if !ok {
-		return "", 0, fmt.Errorf("subject %q is not under %s.req", subject, prefix)
+		return "", 0, fmt.Errorf("subject %s is not under %s.req", storage.QuoteShort(subject), prefix)
 	}
 	toks := strings.Split(rest, ".")
 	switch len(toks) {
@@ -541,9 +541,9 @@ func parseSubject(prefix, subject string, partitions int) (tenant string, part i
 	case 2:
 		var p int
 		if _, err := fmt.Sscanf(toks[0], "%d", &p); err != nil || fmt.Sprint(p) != toks[0] {
-			return toks[1], -1, fmt.Errorf("subject %q: partition token %q is not a number", subject, toks[0])
+			return toks[1], -1, fmt.Errorf("subject %s: partition token %s is not a number", storage.QuoteShort(subject), storage.QuoteShort(toks[0]))
 		}
 		return toks[1], p, nil
 	}
-	return "", 0, fmt.Errorf("subject %q has %d tokens after %s.req", subject, len(toks), prefix)
+	return "", 0, fmt.Errorf("subject %s has %d tokens after %s.req", storage.QuoteShort(subject), len(toks), prefix)
 }

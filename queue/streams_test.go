@@ -217,7 +217,7 @@ func TestAnswerToken(t *testing.T) {
 	for tok, want := range map[string]string{
 		"acme": "acme", "Acme": "Acme", "ünï": "ünï", "a*b": "a*b", "_": "_",
 		"": "_", "*": "_", ">": "_", "a.b": "_", "a b": "_", "a\tb": "_", "a\x00": "_", "\xff": "_",
-		strings.Repeat("x", MaxAnswerTokenBytes): strings.Repeat("x", MaxAnswerTokenBytes),
+		strings.Repeat("x", MaxAnswerTokenBytes):   strings.Repeat("x", MaxAnswerTokenBytes),
 		strings.Repeat("x", MaxAnswerTokenBytes+1): "_",
 	} {
 		if got := AnswerToken(tok); got != want {

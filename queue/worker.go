@@ -260,6 +260,11 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		} else {
 			it.rej.RequestID, it.rej.Op, it.rej.ID = peekRequest(m.Data())
 		}
+		if it.rej != nil {
+			// What is echoed from the request is bounded (issue 20).
+			it.rej.Err = clip(it.rej.Err, MaxHeaderBytes)
+			it.rej.Op, it.rej.ID = clip(it.rej.Op, MaxEchoBytes), clip(it.rej.ID, MaxEchoBytes)
+		}
 		if span.IsRecording() {
 			span.SetAttributes(requestAttrs(it)...)
 			if it.rej != nil {
@@ -483,7 +488,7 @@ func (w *Worker) finish(items []*item) {
 			if res.RequestID == "" {
 				// No readable request_id: answer under the publisher's
 				// message id, so the publisher can still match it.
-				if id := it.msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+				if id := it.msg.Headers().Get(jetstream.MsgIDHeader); validRequestID(id) {
 					res.RequestID, res.RequestIDFrom = id, "nats_msg_id"
 				}
 			}
@@ -534,7 +539,7 @@ func (w *Worker) finish(items []*item) {
 			w.log.Debug("request answered", "tenant", p.res.Tenant, "request_id", p.res.RequestID, "op", p.res.Op, "id", p.res.ID,
 				"status", p.res.Status, "tx_time", p.res.TxTime, "took", time.Since(p.it.received))
 			if w.hooks.Result != nil {
-				w.hooks.Result(p.res.Op, p.res.Status)
+				w.hooks.Result(p.it.opLabel(), p.res.Status)
 			}
 			w.ack(p.it)
 		case err := <-p.fut.Err():
@@ -598,6 +603,7 @@ func (w *Worker) publishResult(tc context.Context, res Result) (jetstream.PubAck
 // message: a work-queue stream deletes a terminated message, so the copy
 // must be safe first.
 func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, res Result) {
+	why, res.Error = clip(why, MaxHeaderBytes), clip(res.Error, MaxHeaderBytes)
 	tctx, span := w.start(it.trace, "telha.dead_letter", func() []attribute.KeyValue {
 		return append(requestAttrs(it), attribute.String("telha.reason", reason))
 	})
@@ -612,13 +618,15 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq-%s-%d", stream, seq))
 	}
 	origID := it.msg.Headers().Get(jetstream.MsgIDHeader)
+	// Every header built from input is bounded, so a dead letter always
+	// fits the server's 64 KB of headers (issue 20).
 	m.Header.Set("Telha-Error", why)
 	m.Header.Set("Telha-Reason", reason)
 	m.Header.Set("Telha-Original-Subject", clip(originalSubject(w.cfg.Prefix, it.msg.Subject()), MaxHeaderBytes))
-	m.Header.Set("Telha-Stream-Subject", it.msg.Subject())
+	m.Header.Set("Telha-Stream-Subject", clip(it.msg.Subject(), MaxHeaderBytes))
 	m.Header.Set("Telha-Deliveries", strconv.FormatUint(delivered, 10))
 	if origID != "" {
-		m.Header.Set("Telha-Original-Msg-Id", origID)
+		m.Header.Set("Telha-Original-Msg-Id", clip(origID, MaxHeaderBytes))
 	}
 	fitDeadLetter(m, w.maxPayload())
 	if _, err := w.js.PublishMsg(ctx, m); err != nil {
@@ -652,7 +660,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	if _, err := w.js.PublishMsg(ctx, rm); err != nil {
 		w.log.Warn("publish the result of a dead-lettered request", "request_id", res.RequestID, "status", res.Status, "err", err)
 	} else if w.hooks.Result != nil {
-		w.hooks.Result(res.Op, res.Status)
+		w.hooks.Result(it.opLabel(), res.Status)
 	}
 	if err := it.msg.TermWithReason(reason); err != nil {
 		w.log.Warn("term", "err", err)
