@@ -275,3 +275,34 @@ func TestHarmMetricLabelsComeFromFixedSets(t *testing.T) {
 		}
 	}
 }
+
+// TestHarmRejectedRequestHidesNextAnswer (item 8): an invalid request, then
+// the fixed request under the same id: the results stream must keep both
+// answers, the later one ok; and a replay of the same answer is still
+// stored once.
+func TestHarmRejectedRequestHidesNextAnswer(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	n := uuid.NewString()
+	bad, _ := json.Marshal(map[string]any{"request_id": "collide-1", "op": "put_node", "tenant": "c", "id": "not-a-uuid"})
+	b.sendRaw("telha.req.c", bad, "")
+	if r := b.wait("collide-1"); r.Status != queue.StatusInvalid {
+		t.Fatalf("first: %+v", r)
+	}
+	good, _ := json.Marshal(map[string]any{"request_id": "collide-1", "op": "put_node", "tenant": "c", "id": n})
+	b.sendRaw("telha.req.c", good, "")
+	mustOK(t, b.waitN("collide-1", 2)[1])
+	// A replay of the ok (the same message again): the same answer, not
+	// stored a second time.
+	b.sendRaw("telha.req.c", good, "")
+	b.waitN("collide-1", 3)
+	var stored []queue.Result
+	testnats.Eventually(t, 10*time.Second, "both answers stored", func() bool {
+		stored = b.storedResults("collide-1")
+		return len(stored) >= 2
+	})
+	if len(stored) != 2 || stored[0].Status != queue.StatusInvalid || stored[1].Status != queue.StatusOK {
+		t.Fatalf("TELHA_RES holds %+v, want the invalid answer then the ok", stored)
+	}
+}

@@ -814,8 +814,16 @@ func analyseResults(rep *report, order []*reqState, results map[string][]resultO
 		st := stored[r.rid]
 		if len(st) == 0 {
 			rep.fail("request %s (%s %s %s): no result in TELHA_RES", r.rid, r.tenant, r.op, r.id)
-		} else if len(st) > 1 {
-			rep.fail("request %s: %d results in TELHA_RES (Nats-Msg-Id res-<request_id> must deduplicate)", r.rid, len(st))
+		} else {
+			// One stored result per distinct answer (issue 20 item 8): the
+			// same answer twice means the result id did not deduplicate.
+			seen := map[string]bool{}
+			for _, x := range st {
+				if seen[queue.ResultMsgID(x)] {
+					rep.fail("request %s: the same answer %s stored twice in TELHA_RES (its Nats-Msg-Id must deduplicate)", r.rid, x.Status)
+				}
+				seen[queue.ResultMsgID(x)] = true
+			}
 		}
 		var okObs []resultObs
 		finals := map[string]time.Time{}
@@ -936,11 +944,13 @@ func statuses(obs []resultObs) []string {
 	return out
 }
 
+// firstStatus is the status of the latest answer TELHA_RES keeps (it keeps
+// every distinct answer, in order: issue 20 item 8).
 func firstStatus(rs []queue.Result) string {
 	if len(rs) == 0 {
 		return ""
 	}
-	return rs[0].Status
+	return rs[len(rs)-1].Status
 }
 
 // checkEffects is "exactly one effect": per request id, the versions that

@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 
@@ -36,7 +38,7 @@ func Statuses() []string {
 }
 
 // Result is the result body published on telha.res.<tenant>, one per
-// request, with Nats-Msg-Id res.<tenant>.<request_id> (client.ResultMsgID).
+// answer, with Nats-Msg-Id ResultMsgID(result).
 type Result = client.Result
 
 // ResultOfReceipt builds the result of a request from its receipt (fresh or
@@ -82,20 +84,43 @@ func resultMsg(cfg Config, res Result) *nats.Msg {
 	m := nats.NewMsg(cfg.resSubject(res.Tenant))
 	m.Data = body
 	if res.RequestID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, ResultMsgID(res.Tenant, res.RequestID))
+		m.Header.Set(jetstream.MsgIDHeader, ResultMsgID(res))
 	}
 	return m
 }
 
-// ResultMsgID is the Nats-Msg-Id of a request's result (client.ResultMsgID).
-func ResultMsgID(tenant, requestID string) string { return client.ResultMsgID(tenant, requestID) }
+// ResultMsgID is the Nats-Msg-Id of a result:
+// res.<tenant>.<request_id>.<answer>, where <answer> is 16 hex digits of
+// the SHA-256 of what the answer says (status, op, id, tx_time, counts,
+// and the error of an invalid or conflict answer, which no receipt
+// backs). A replay of the same answer (a redelivery, a publisher's retry
+// answered from the receipt, the outbox published again) has the same id
+// and is stored once; a different answer under the same request id (an
+// invalid request fixed and sent again) is stored too (issue 20: the
+// results stream dropped the fixed request's ok as a duplicate of the
+// invalid answer). A failed answer (crash_loop, retries_exhausted) names
+// its message instead: see Worker.deadLetter.
+func ResultMsgID(res Result) string {
+	key := struct {
+		Status, Op, ID, TxTime, RequestIDFrom, Error string
+		Edges                                        uint64
+		Journaled                                    bool
+		Erased                                       *uint64
+	}{res.Status, res.Op, res.ID, res.TxTime, res.RequestIDFrom, "", res.EdgesTombstoned, res.Journaled, res.VersionsErased}
+	if res.Status == StatusInvalid || res.Status == StatusConflict || res.Status == StatusFailed {
+		key.Error = res.Error // no receipt: the error is the answer
+	}
+	b, _ := json.Marshal(key)
+	sum := sha256.Sum256(b)
+	return "res." + res.Tenant + "." + res.RequestID + "." + hex.EncodeToString(sum[:8])
+}
 
 // RequestMsgID is the Nats-Msg-Id of a request (client.RequestMsgID).
 func RequestMsgID(tenant, requestID string) string { return client.RequestMsgID(tenant, requestID) }
 
 // Publisher publishes results on the results stream, waiting for the
 // stream's ack. A result published twice within the stream's duplicate
-// window is stored once (Nats-Msg-Id res-<request_id>).
+// window is stored once (Nats-Msg-Id ResultMsgID).
 type Publisher struct {
 	js  jetstream.JetStream
 	cfg Config

@@ -652,10 +652,10 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	}
 	rm := w.resultMsg(res)
 	TraceContext.Inject(tctx, HeaderCarrier(rm.Header))
-	if res.Status == StatusConflict {
-		// The id's first request has the result id res.<tenant>.<id>; this
-		// one must not be dropped as its duplicate.
-		rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("res.%s.%s.conflict.%s.%d", res.Tenant, res.RequestID, stream, seq))
+	if res.Status == StatusFailed && res.RequestID != "" {
+		// Its error counts deliveries, so a later delivery would say it
+		// otherwise: the answer is named by its message.
+		rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("res.%s.%s.dlq-%s-%d", res.Tenant, res.RequestID, stream, seq))
 	}
 	if _, err := w.js.PublishMsg(ctx, rm); err != nil {
 		w.log.Warn("publish the result of a dead-lettered request", "request_id", res.RequestID, "status", res.Status, "err", err)
