@@ -3,12 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/telha/telha-cascade/queue/client"
 )
@@ -16,16 +21,22 @@ import (
 // runDLQ is `enqueue dlq list|show|retry|discard`.
 func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{"dlq needs a command: list, show SEQ, retry SEQ or discard SEQ"}
+		return usageError{"dlq needs a command: list, show SEQ, retry SEQ or discard SEQ (enqueue dlq -h)"}
 	}
 	sub, rest := args[0], args[1:]
+	switch sub {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stderr, dlqUsage)
+		return flag.ErrHelp
+	}
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	stream := fs.String("stream", "TELHA_DLQ", "the dead-letter stream")
 	tenant := fs.String("tenant", "", "list: only this tenant's dead letters")
 	reason := fs.String("reason", "", "list: only dead letters with this reason")
 	limit := fs.Int("limit", 100, "list: at most this many, newest first")
-	pos, err := parseSub(fs, g, rest)
+	format := fs.String("format", "auto", "list: table (for people), json (JSON lines, for scripts), or auto: a table on a terminal, JSON lines otherwise")
+	pos, err := parseConn(fs, g, rest)
 	if err != nil {
 		return err
 	}
@@ -34,6 +45,11 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 	case "list":
 		if len(pos) > 0 {
 			return usageError{"dlq list takes no arguments"}
+		}
+		switch *format {
+		case "auto", "table", "json":
+		default:
+			return usageError{fmt.Sprintf("--format %q: want table, json or auto", *format)}
 		}
 	case "show", "retry", "discard":
 		if len(pos) != 1 {
@@ -58,36 +74,105 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 		return fmt.Errorf("stream %s: %w", *stream, err)
 	}
 	enc := json.NewEncoder(stdout)
+	if seq != 0 {
+		// Look first, so a sequence the stream does not hold is answered
+		// in words for every command (a delete of one answers a bare
+		// "stream store EOF").
+		if _, err := s.GetMsg(ctx, seq); err != nil {
+			return missing(err, seq, *stream)
+		}
+	}
 	switch sub {
 	case "list":
 		out, total, err := client.ListDeadLetters(ctx, s, g.prefix, client.DeadLetterFilter{Tenant: *tenant, Reason: *reason, Limit: *limit})
 		if err != nil {
 			return err
 		}
-		for _, d := range out {
-			_ = enc.Encode(d)
+		if *format == "table" || (*format == "auto" && isTerminal(stdout)) {
+			printDeadLetterTable(stdout, out)
+		} else {
+			for _, d := range out {
+				_ = enc.Encode(d)
+			}
 		}
 		fmt.Fprintf(stderr, "%d dead letters shown (of %d in %s)\n", len(out), total, *stream)
 		return nil
 	case "show":
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
-			return fmt.Errorf("dead letter %d: %w", seq, err)
+			return missing(err, seq, *stream)
 		}
 		return enc.Encode(client.DeadLetterOf(m, g.prefix, true))
 	case "retry":
 		r, err := client.RetryDeadLetter(ctx, js, s, g.prefix, seq)
 		if err != nil {
-			return err
+			return missing(err, seq, *stream)
 		}
 		return enc.Encode(r)
 	case "discard":
 		if err := client.DiscardDeadLetter(ctx, s, seq); err != nil {
-			return err
+			return missing(err, seq, *stream)
 		}
 		return enc.Encode(map[string]any{"discarded": seq})
 	}
 	return nil
+}
+
+const dlqUsage = `usage: enqueue dlq <command> [flags]
+
+commands:
+  list                 the dead letters, newest first (--tenant, --reason,
+                       --limit; --format table|json|auto)
+  show SEQ             one dead letter with its headers and body (JSON)
+  retry SEQ            republish its payload to the request subject of its
+                       own tenant, then remove it
+  discard SEQ          remove it
+
+SEQ is the dead letter's sequence in the stream (dlq list shows it).
+enqueue dlq <command> -h lists a command's flags.
+`
+
+// missing turns the stream's answer for a sequence it does not hold (a
+// "no message found" API error) into words.
+func missing(err error, seq uint64, stream string) error {
+	var apiErr *jetstream.APIError
+	if errors.Is(err, jetstream.ErrMsgNotFound) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound) {
+		return fmt.Errorf("dead letter %d is not in %s (already retried or discarded? see enqueue dlq list): %w", seq, stream, err)
+	}
+	return err
+}
+
+// printDeadLetterTable writes dead letters as an aligned table.
+func printDeadLetterTable(w io.Writer, ds []client.DeadLetter) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tTENANT\tREASON\tREQUEST\tDELIVERIES\tERROR")
+	for _, d := range ds {
+		req := d.RequestID
+		if req == "" {
+			req = d.MsgID
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Seq, d.Time, d.Tenant, d.Reason, clip(req, 40), d.Deliveries, clip(d.Error, 80))
+	}
+	_ = tw.Flush()
+}
+
+// clip shortens s to n runes for a table cell, on one line.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// isTerminal reports whether w is a character device (a person's terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 var partitionRE = regexp.MustCompile(`\{\{\s*partition\(\s*(\d+)\s*,`)
@@ -99,7 +184,7 @@ func runOwner(ctx context.Context, g *globals, args []string, stdout, stderr io.
 	fs.SetOutput(stderr)
 	tenant := fs.String("tenant", "", "tenant (required)")
 	stream := fs.String("stream", "TELHA_REQ", "the request stream")
-	if _, err := parseSub(fs, g, args); err != nil {
+	if _, err := parseConn(fs, g, args); err != nil {
 		return err
 	}
 	if !client.ValidTenant(*tenant) {

@@ -27,6 +27,10 @@ commands:
   put-edge        publish one put_edge
   tombstone-node  publish one tombstone_node (a cascade)
   tombstone-edge  publish one tombstone_edge
+  erase-node      publish one erase_node (tombstone if live, then erase the
+                  payload of every version of the node and its edges;
+                  needs --reason)
+  erase-edge      publish one erase_edge (needs --reason)
   file [PATH|-]   publish the JSON-lines requests of PATH (default stdin)
   demo            build a demo graph with a super-node, then delete a few things
   dlq list|show|retry|discard
@@ -35,8 +39,11 @@ commands:
   owner --tenant T
                   the partition of a tenant and the replica that owns it
 
-Global flags may also follow the command (enqueue put-node --wait ...).
-Every NATS flag also reads TELHA_<FLAG> (TELHA_NATS_URL, ...).
+enqueue <command> -h lists a command's own flags. Global flags may also
+follow the command (enqueue put-node --wait ...). Every NATS flag also reads
+TELHA_<FLAG> (TELHA_NATS_URL, ...): these variables are the client's; the
+worker reads TELHA_NATS_URL too, and it makes the worker a client of that
+server instead of running its embedded one.
 
 global flags:
 `
@@ -69,7 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
 	var err error
 	switch cmd {
-	case "put-node", "put-edge", "tombstone-node", "tombstone-edge":
+	case "put-node", "put-edge", "tombstone-node", "tombstone-edge", "erase-node", "erase-edge":
 		err = runOne(ctx, &g, cmd, rest, stdout, stderr)
 	case "file":
 		err = runFile(ctx, &g, rest, stdout, stderr)
@@ -100,6 +107,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 // register adds the global flags to fs with their current values as
 // defaults, so that they may be given before or after the command.
 func (g *globals) register(fs *flag.FlagSet) {
+	g.registerConn(fs)
+	g.registerPublish(fs)
+}
+
+// registerConn adds the flags every command that talks to NATS takes.
+func (g *globals) registerConn(fs *flag.FlagSet) {
 	fs.StringVar(&g.natsURL, "nats-url", g.natsURL, "NATS URL (env TELHA_NATS_URL)")
 	fs.StringVar(&g.creds, "nats-creds", g.creds, "NATS credentials file (env TELHA_NATS_CREDS)")
 	fs.StringVar(&g.user, "nats-user", g.user, "NATS user (env TELHA_NATS_USER)")
@@ -108,16 +121,33 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.tlsCert, "nats-tls-cert", g.tlsCert, "client certificate for NATS TLS (env TELHA_NATS_TLS_CERT)")
 	fs.StringVar(&g.tlsKey, "nats-tls-key", g.tlsKey, "client key for NATS TLS (env TELHA_NATS_TLS_KEY)")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "subject prefix")
+}
+
+// registerPublish adds the flags of the commands that publish requests.
+func (g *globals) registerPublish(fs *flag.FlagSet) {
 	fs.BoolVar(&g.wait, "wait", g.wait, "wait for each request's result, print it, exit 1 unless all are ok")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long --wait waits for results")
 	fs.IntVar(&g.maxInflight, "max-inflight", g.maxInflight, "most publishes awaiting the stream's ack")
 }
 
-// parseSub parses a command's flags (the global ones included), before or
-// after its arguments, and returns the arguments; -h prints the flags and
-// ends the command with flag.ErrHelp (exit 0).
+// parseSub parses a publishing command's flags (the global ones included),
+// before or after its arguments, and returns the arguments; -h prints the
+// command's own flags and ends the command with flag.ErrHelp (exit 0).
 func parseSub(fs *flag.FlagSet, g *globals, args []string) ([]string, error) {
-	g.register(fs)
+	return parseWith(fs, g, args, g.register)
+}
+
+// parseConn is parseSub for commands that only read or manage (dlq, owner):
+// they take the NATS flags, not the publishing ones.
+func parseConn(fs *flag.FlagSet, g *globals, args []string) ([]string, error) {
+	return parseWith(fs, g, args, g.registerConn)
+}
+
+func parseWith(fs *flag.FlagSet, g *globals, args []string, register func(*flag.FlagSet)) ([]string, error) {
+	own := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { own[f.Name] = true })
+	register(fs)
+	fs.Usage = func() { commandUsage(fs, own) }
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -133,6 +163,26 @@ func parseSub(fs *flag.FlagSet, g *globals, args []string) ([]string, error) {
 		pos = append(pos, args[0]) // an argument; flags may follow it
 		args = args[1:]
 	}
+}
+
+// commandUsage prints a command's own flags only; the global ones (the ten
+// NATS flags and --wait) are listed once, by enqueue -h.
+func commandUsage(fs *flag.FlagSet, own map[string]bool) {
+	w := fs.Output()
+	fmt.Fprintf(w, "usage: enqueue %s [flags]\n\n", fs.Name())
+	mine := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	mine.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if own[f.Name] {
+			mine.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	if len(own) > 0 {
+		fmt.Fprintln(w, "flags:")
+		mine.PrintDefaults()
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "The global flags (--nats-url and the other NATS flags, --wait, ...) are listed by enqueue -h.")
 }
 
 type usageError struct{ msg string }

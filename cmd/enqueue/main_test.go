@@ -122,8 +122,15 @@ func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
 	if _, out, _ := enqueue(t, "dlq", "list", "--nats-url", url); strings.Contains(out, `"request_id":"broken-1"`) {
 		t.Fatalf("the discarded dead letter is still listed: %s", out)
 	}
-	if code, _, _ := enqueue(t, "dlq", "show", "999999", "--nats-url", url); code != 1 {
-		t.Errorf("dlq show of a missing seq: exit %d, want 1", code)
+	for _, sub := range []string{"show", "retry", "discard"} {
+		code, out, errOut := enqueue(t, "dlq", sub, "999999", "--nats-url", url)
+		if code != 1 || !strings.Contains(errOut, "dead letter 999999 is not in TELHA_DLQ") {
+			t.Errorf("dlq %s of a missing seq: exit %d, %q %q; want 1 and words, not a raw server error", sub, code, out, errOut)
+		}
+	}
+	code, out, _ = enqueue(t, "dlq", "list", "--format", "table", "--nats-url", url)
+	if code != 0 || !strings.HasPrefix(out, "SEQ ") || !strings.Contains(out, "REASON") {
+		t.Errorf("dlq list --format table: %d %q", code, out)
 	}
 
 	code, out, _ = enqueue(t, "owner", "--tenant", "acme", "--nats-url", url)
@@ -133,5 +140,49 @@ func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
 	}
 	if code != 0 || json.Unmarshal([]byte(out), &own) != nil || own.Partitions != 1 || own.Replicas != 1 || own.Consumer != "telha-worker-0" {
 		t.Fatalf("owner: %d %s", code, out)
+	}
+}
+
+// TestEnqueueHelpAndErase: help that lists a command's own flags, dlq -h,
+// erase-node and erase-edge (with the reason they require).
+func TestEnqueueHelpAndErase(t *testing.T) {
+	code, _, errOut := enqueue(t, "dlq", "-h")
+	if code != 0 || !strings.Contains(errOut, "retry SEQ") {
+		t.Errorf("dlq -h: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = enqueue(t, "owner", "-h")
+	if code != 0 || !strings.Contains(errOut, "-tenant") || strings.Contains(errOut, "-nats-tls-key") || strings.Contains(errOut, "  -wait") {
+		t.Errorf("owner -h: exit %d; want its own flags only: %q", code, errOut)
+	}
+	if code, _, _ := enqueue(t, "owner", "--wait", "--tenant", "acme"); code != 2 {
+		t.Errorf("owner --wait: exit %d, want 2 (owner publishes nothing)", code)
+	}
+	code, _, errOut = enqueue(t, "put-node", "-h")
+	if code != 0 || !strings.Contains(errOut, "-props") || strings.Contains(errOut, "-nats-creds") {
+		t.Errorf("put-node -h: exit %d; want its own flags only: %q", code, errOut)
+	}
+	code, _, errOut = enqueue(t, "erase-node", "--tenant", "acme", "--id", uuid.NewString())
+	if code != 2 || !strings.Contains(errOut, "--reason") {
+		t.Errorf("erase-node without --reason: exit %d %q, want 2 before publishing", code, errOut)
+	}
+
+	ns := testnats.Start(t)
+	url := ns.ClientURL()
+	startWorker(t, url)
+	a, b, e := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	for _, args := range [][]string{
+		{"put-node", "--id", a, "--props", `{"name":"Ada"}`},
+		{"put-node", "--id", b},
+		{"put-edge", "--id", e, "--src", a, "--dst", b, "--label", "knows"},
+		{"erase-edge", "--id", e, "--reason", "ticket 7"},
+		{"erase-node", "--id", a, "--reason", "GDPR request 7"},
+	} {
+		code, out, errOut := enqueue(t, append(args, "--nats-url", url, "--wait", "--tenant", "acme")...)
+		if code != 0 || !strings.Contains(out, `"status":"ok"`) {
+			t.Fatalf("%v: exit %d %s %s", args, code, out, errOut)
+		}
+		if strings.HasPrefix(args[0], "erase-") && !strings.Contains(out, `"versions_erased":`) {
+			t.Errorf("%s result has no versions_erased: %s", args[0], out)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -85,6 +86,17 @@ func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []reques
 	futs := make([]jetstream.PubAckFuture, 0, len(reqs))
 	for i, r := range reqs {
 		f, err := c.PublishAsync(r.tenant, r.id, r.body)
+		for errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			// --max-inflight publishes await their acks (a slow or busy
+			// server): the message was not sent. Wait for the acks in
+			// flight, then send it.
+			select {
+			case <-c.JetStream().PublishAsyncComplete():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			f, err = c.PublishAsync(r.tenant, r.id, r.body)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("publish %q: %w", r.id, err)
 		}
@@ -173,7 +185,11 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 		fs.StringVar(&end, "valid-end", "", "RFC 3339 (default: the request's tx time)")
 	}
 	fs.StringVar(&actor, "actor", os.Getenv("USER"), "provenance actor")
-	fs.StringVar(&reason, "reason", "", "provenance reason")
+	if strings.HasPrefix(cmd, "erase-") {
+		fs.StringVar(&reason, "reason", "", "provenance reason (required: why the payload is erased, e.g. a GDPR ticket)")
+	} else {
+		fs.StringVar(&reason, "reason", "", "provenance reason")
+	}
 	fs.StringVar(&source, "source", "enqueue", "provenance source")
 	fs.StringVar(&decided, "decided-at", "", "provenance decided_at (RFC 3339)")
 	pos, err := parseSub(fs, g, args)
@@ -193,7 +209,7 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 		return usageError{fmt.Sprintf("--tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$ (lower case)", tenant)}
 	}
 	if id == "" {
-		if cmd == "tombstone-node" || cmd == "tombstone-edge" {
+		if !strings.HasPrefix(cmd, "put-") {
 			return usageError{"--id is required"}
 		}
 		id = uuid.NewString()
@@ -215,7 +231,11 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 	if reqID == "" {
 		reqID = uuid.NewString()
 	}
-	ops := map[string]string{"put-node": "put_node", "put-edge": "put_edge", "tombstone-node": "tombstone_node", "tombstone-edge": "tombstone_edge"}
+	if strings.HasPrefix(cmd, "erase-") && reason == "" {
+		return usageError{cmd + " needs --reason (provenance.reason is required for an erase and kept in its erasure record)"}
+	}
+	ops := map[string]string{"put-node": "put_node", "put-edge": "put_edge", "tombstone-node": "tombstone_node", "tombstone-edge": "tombstone_edge",
+		"erase-node": "erase_node", "erase-edge": "erase_edge"}
 	body := map[string]any{"request_id": reqID, "op": ops[cmd], "tenant": tenant, "id": id}
 	set := func(k, v string) {
 		if v != "" {
