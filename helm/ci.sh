@@ -25,11 +25,22 @@ trap 'rm -rf "$tmp"' EXIT
 
 echo "== helm/ci.sh: $(go version)"
 
-# Build the Helm CLI once from helm/go.mod's tool directive (pinned
-# version, checked against go.sum) instead of re-checking it per call.
-echo "== build helm (go tool, pinned in helm/go.mod)"
-go build -o "$tmp/bin/helm" helm.sh/helm/v4/cmd/helm
-export HELM_BIN="$tmp/bin/helm"
+# Build the Helm CLI from helm/go.mod's tool directive (pinned version,
+# checked against go.sum) once per machine: the binary is kept in the user's
+# cache under a key of go.mod, go.sum and the Go version, so a second run
+# (and CI on the same machine) reuses it instead of building for minutes.
+# TELHA_HELM_CACHE moves the cache; deleting it forces a rebuild.
+key="$(cat go.mod go.sum <(go version) | sha256sum | cut -c1-16)"
+cache="${TELHA_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/telha-cascade/helm}"
+export HELM_BIN="$cache/helm-$key"
+if [ -x "$HELM_BIN" ]; then
+  echo "== helm (cached: $HELM_BIN)"
+else
+  echo "== build helm (go tool, pinned in helm/go.mod) into $HELM_BIN"
+  mkdir -p "$cache"
+  go build -o "$HELM_BIN.tmp.$$" helm.sh/helm/v4/cmd/helm
+  mv "$HELM_BIN.tmp.$$" "$HELM_BIN"
+fi
 "$HELM_BIN" version --short
 
 # Keep Helm's own state out of the user's home.
