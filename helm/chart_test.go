@@ -3,6 +3,7 @@ package chartcheck
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -29,6 +30,10 @@ var requiredLabels = []string{
 	"app.kubernetes.io/managed-by",
 	"app.kubernetes.io/part-of",
 }
+
+// podNameLabel is the label the StatefulSet controller puts on each pod
+// (its name).
+const podNameLabel = "statefulset.kubernetes.io/pod-name"
 
 // versionLabelKeys may never appear in a selector: a selector must not
 // change when the chart or the app is upgraded.
@@ -129,7 +134,17 @@ func TestLabelsAndSelectors(t *testing.T) {
 				t.Errorf("StatefulSet selector %v does not match its pod labels %v", sts.Spec.Selector.MatchLabels, podLabels)
 			}
 			for _, svc := range objectsOf[*corev1.Service](r) {
-				if len(svc.Spec.Selector) == 0 || !subset(svc.Spec.Selector, podLabels) {
+				sel := maps.Clone(svc.Spec.Selector)
+				// A per-replica Service (the Ingress's) also selects one pod
+				// by the name the StatefulSet controller labels it with.
+				if pod, ok := sel[podNameLabel]; ok {
+					delete(sel, podNameLabel)
+					var i int32
+					if _, err := fmt.Sscanf(pod, sts.Name+"-%d", &i); err != nil || pod != fmt.Sprintf("%s-%d", sts.Name, i) || i >= *sts.Spec.Replicas {
+						t.Errorf("Service %s selects pod %q, which the StatefulSet does not have", svc.Name, pod)
+					}
+				}
+				if len(sel) == 0 || !subset(sel, podLabels) {
 					t.Errorf("Service %s selector %v does not select the worker pods", svc.Name, svc.Spec.Selector)
 				}
 			}
@@ -324,7 +339,8 @@ func TestStatefulSet(t *testing.T) {
 			if _, off := argValue(c.Args, "--auth"); off {
 				t.Errorf("--auth set without auth.mode off: %v", c.Args)
 			}
-			if hasTok != (r.name == "three-replicas") {
+			tokSecret := stringValue(valuesOf(t, r), "auth.tokensSecret")
+			if hasTok != (tokSecret != "") {
 				t.Errorf("--auth-tokens-file = %q (set %v); want it exactly when auth.tokensSecret is set", tokFile, hasTok)
 			}
 			if hasTok {
@@ -334,7 +350,7 @@ func TestStatefulSet(t *testing.T) {
 				}
 				found := false
 				for _, v := range spec.Volumes {
-					found = found || (v.Name == "auth-tokens" && v.Secret != nil && v.Secret.SecretName == "telha-api-tokens")
+					found = found || (v.Name == "auth-tokens" && v.Secret != nil && v.Secret.SecretName == tokSecret)
 				}
 				if !mounted || !found {
 					t.Errorf("tokens file %s: mounted %v, Secret volume %v", tokFile, mounted, found)
@@ -394,8 +410,9 @@ func TestStatefulSet(t *testing.T) {
 			if c.StartupProbe != nil {
 				checkProbe(t, "startup", c.StartupProbe, "/healthz")
 			}
-			if len(c.Ports) != 1 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
-				t.Errorf("want one container port http/8080, got %+v", c.Ports)
+			// The http port (and the api port, checked in TestAPIPort).
+			if len(c.Ports) == 0 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
+				t.Errorf("want container port http/8080 first, got %+v", c.Ports)
 			}
 			if spec.TerminationGracePeriodSeconds == nil || *spec.TerminationGracePeriodSeconds < 60 {
 				t.Errorf("terminationGracePeriodSeconds too short for the SIGTERM drain")
@@ -521,8 +538,8 @@ func TestServiceMonitorAndNetworkPolicy(t *testing.T) {
 					t.Errorf("NetworkPolicy must restrict ingress and egress")
 				}
 				for _, rule := range np.Spec.Ingress {
-					if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || rule.Ports[0].Port.String() != "http" {
-						t.Errorf("ingress must be limited to the http port, got %+v", rule.Ports)
+					if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || (rule.Ports[0].Port.String() != "http" && rule.Ports[0].Port.String() != "api") {
+						t.Errorf("ingress must be limited to the http port (and the api port), got %+v", rule.Ports)
 					}
 				}
 				var dns, nats bool

@@ -13,5 +13,12 @@
 //   - the StatefulSet passes --partition-owner auto/<replicas>;
 //   - every alert expression and dashboard query parses as PromQL and uses
 //     only metric names the worker exports;
-//   - values.schema.json rejects unknown keys.
+//   - values.schema.json rejects unknown keys;
+//   - each optional value reaches the objects it should (options_test.go,
+//     against ci/ui-ingress-values.yaml, which turns them all on):
+//     tracing.otlpEndpoint (--otlp-endpoint), service.apiPort (--api-addr,
+//     a named port "api" in the pod and both Services, its own
+//     NetworkPolicy rule apart from /metrics), the /ui Ingress (one host
+//     and Service per replica when N > 1), extraVolumes/extraVolumeMounts/
+//     extraEnv, and what NOTES.txt tells about /ui/ and the tokens.
 package chartcheck

@@ -101,6 +101,24 @@ func TestSchemaRejects(t *testing.T) {
 		{"user without password", []string{"--set", "nats.credentialsSecret.name=s,nats.credentialsSecret.userKey=u"}, "credsKey"},
 		{"tls without secret", []string{"--set", "nats.tls.enabled=true"}, "secretName"},
 		{"tls cert without key", []string{"--set", "nats.tls.enabled=true,nats.tls.secretName=s,nats.tls.keyKey="}, "certKey"},
+		{"unknown key in ingress", []string{"--set", "ingress.hosts[0]=x"}, "additional properties"},
+		{"unknown key in an ingress tls", []string{"--set", "ingress.tls[0].secret=x"}, "additional properties"},
+		{"ingress without host", []string{"--set", "ingress.enabled=true,auth.tokensSecret=t"}, "ingress.host"},
+		{"ingress without tokens", []string{"--set", "ingress.enabled=true,ingress.host=telha.example.com"}, "auth.tokensSecret"},
+		{"ingress host with a scheme", []string{"--set", "ingress.host=https://telha.example.com"}, ""},
+		{"unknown volume source", []string{"--set", "extraVolumes[0].name=x,extraVolumes[0].secrt.secretName=s"}, "additional properties"},
+		{"unknown key in a volume source", []string{"--set", "extraVolumes[0].name=x,extraVolumes[0].secret.secretNam=s"}, "additional properties"},
+		{"volume without a name", []string{"--set", "extraVolumes[0].emptyDir.medium=Memory"}, ""},
+		{"unknown key in a mount", []string{"--set", "extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/x,extraVolumeMounts[0].readonly=true"}, "additional properties"},
+		{"volume named like the chart's", []string{"--set", "extraVolumes[0].name=tmp,extraVolumes[0].emptyDir.medium=Memory"}, "tmp"},
+		{"mount of no volume", []string{"--set", "extraVolumeMounts[0].name=nope,extraVolumeMounts[0].mountPath=/x"}, "nope"},
+		{"mount over the data directory", []string{"--set", "extraVolumes[0].name=x,extraVolumes[0].emptyDir.medium=Memory,extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/data"}, "/data"},
+		{"extraEnv shadowed by a chart flag", []string{"--set", "extraEnv[0].name=TELHA_NATS_URL,extraEnv[0].value=nats://x:4222"}, "TELHA_NATS_URL"},
+		{"extraEnv shadowed by the otlp flag", []string{"--set", "tracing.otlpEndpoint=http://c:4318,extraEnv[0].name=TELHA_OTLP_ENDPOINT,extraEnv[0].value=http://d:4318"}, "TELHA_OTLP_ENDPOINT"},
+		{"apiPort equal to port", []string{"--set", "service.apiPort=8080"}, "apiPort"},
+		{"apiFrom without apiPort", []string{"--set", "networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b"}, "apiPort"},
+		{"otlp endpoint without a scheme", []string{"--set", "tracing.otlpEndpoint=collector:4318"}, ""},
+		{"unknown key in networkPolicy.otlp", []string{"--set", "networkPolicy.otlp.ports[0]=4318"}, "additional properties"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,7 +133,18 @@ func TestSchemaRejects(t *testing.T) {
 	}
 	// The same renders without the bad part succeed, so the failures above
 	// come from the bad values and not from something else.
-	if _, stderr, err := helm(templateArgs("--set", "replicaCount=16")...); err != nil {
-		t.Fatalf("a valid --set failed: %v\n%s", err, stderr)
+	for _, valid := range []string{
+		"replicaCount=16",
+		"ingress.enabled=true,ingress.host=telha.example.com,auth.tokensSecret=t",
+		"ingress.enabled=true,ingress.host=telha.example.com,auth.mode=off",
+		"extraVolumes[0].name=x,extraVolumes[0].secret.secretName=s,extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/x",
+		"extraEnv[0].name=TELHA_LOG_LEVEL,extraEnv[0].value=debug",
+		"extraEnv[0].name=OTEL_EXPORTER_OTLP_ENDPOINT,extraEnv[0].value=http://c:4318",
+		"service.apiPort=8081,networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b",
+		"tracing.otlpEndpoint=https://collector.example.com/v1/traces,networkPolicy.enabled=true",
+	} {
+		if _, stderr, err := helm(templateArgs("--set", valid)...); err != nil {
+			t.Errorf("a valid --set %s failed: %v\n%s", valid, err, stderr)
+		}
 	}
 }

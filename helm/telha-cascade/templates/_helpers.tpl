@@ -61,6 +61,24 @@ app.kubernetes.io/component: worker
 {{- end }}
 {{- end }}
 
+{{/*
+The port of tracing.otlpEndpoint: the URL's own, else 443 for https and 80
+for http (as the OTLP exporter dials it).
+*/}}
+{{- define "telha-cascade.otlpPort" -}}
+{{- $u := urlParse .Values.tracing.otlpEndpoint }}
+{{- $hp := splitList ":" $u.host }}
+{{- if gt (len $hp) 1 }}{{ last $hp }}{{ else if eq $u.scheme "https" }}443{{ else }}80{{ end }}
+{{- end }}
+
+{{/*
+The port name of the read API and the status page: "api" with
+service.apiPort, else "http".
+*/}}
+{{- define "telha-cascade.apiPortName" -}}
+{{- if gt (int .Values.service.apiPort) 0 }}api{{ else }}http{{ end }}
+{{- end }}
+
 {{/* Label matchers that select this release's series in alert expressions. */}}
 {{- define "telha-cascade.alertSelector" -}}
 {{- if .Values.prometheusRule.selector -}}
@@ -107,6 +125,63 @@ StatefulSet so that every render runs them.
 {{- fail "podDisruptionBudget: set one of maxUnavailable and minAvailable" }}
 {{- end }}
 {{- end }}
+{{- $svc := .Values.service }}
+{{- if and (gt (int $svc.apiPort) 0) (eq (int $svc.apiPort) (int $svc.port)) }}
+{{- fail (printf "service.apiPort (%d) must differ from service.port: it moves /v1 and /ui off the metrics port (0 keeps them there)" (int $svc.apiPort)) }}
+{{- end }}
+{{- if and .Values.networkPolicy.ingress.apiFrom (eq (int $svc.apiPort) 0) }}
+{{- fail "networkPolicy.ingress.apiFrom needs service.apiPort: without it /v1 and /ui share the http port with /metrics, and networkPolicy.ingress.from governs that port" }}
+{{- end }}
+{{- $ing := .Values.ingress }}
+{{- if $ing.enabled }}
+{{- if not $ing.host }}
+{{- fail "ingress.enabled: set ingress.host (with replicaCount N > 1, replica i is served as <i>.<host>)" }}
+{{- end }}
+{{- if and (ne .Values.auth.mode "off") (not .Values.auth.tokensSecret) }}
+{{- fail "ingress.enabled needs auth.tokensSecret: without tokens the status page answers loopback clients only (kubectl port-forward), so every request through the Ingress would be refused" }}
+{{- end }}
+{{- end }}
+{{- $reserved := list "data" "tmp" "auth-tokens" "nats-creds" "nats-tls" }}
+{{- $volNames := list }}
+{{- range .Values.extraVolumes }}
+{{- if has .name $reserved }}
+{{- fail (printf "extraVolumes: the name %q is the chart's own volume; choose another" .name) }}
+{{- end }}
+{{- if has .name $volNames }}
+{{- fail (printf "extraVolumes: %q is named twice" .name) }}
+{{- end }}
+{{- $volNames = append $volNames .name }}
+{{- end }}
+{{- range .Values.extraVolumeMounts }}
+{{- if not (has .name $volNames) }}
+{{- fail (printf "extraVolumeMounts: %q names no volume of extraVolumes" .name) }}
+{{- end }}
+{{- $p := trimSuffix "/" .mountPath }}
+{{- range list "/data" "/tmp" "/etc/telha" }}
+{{- if or (eq $p .) (hasPrefix (printf "%s/" .) $p) }}
+{{- fail (printf "extraVolumeMounts: %s would hide the chart's own %s mount" $p .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $flags := list }}
+{{- range (include "telha-cascade.args" . | fromYamlArray) }}
+{{- $flags = append $flags (regexReplaceAll "=.*$" (toString .) "") }}
+{{- end }}
+{{- $chartEnv := list "POD_NAME" "POD_NAMESPACE" }}
+{{- if $c.userKey }}
+{{- $chartEnv = concat $chartEnv (list "TELHA_NATS_USER" "TELHA_NATS_PASSWORD") }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if has .name $chartEnv }}
+{{- fail (printf "extraEnv: %s is set by the chart" .name) }}
+{{- end }}
+{{- if hasPrefix "TELHA_" .name }}
+{{- $flag := printf "--%s" (trimPrefix "TELHA_" .name | lower | replace "_" "-") }}
+{{- if has $flag $flags }}
+{{- fail (printf "extraEnv: %s would be ignored, the chart passes %s on the command line (which wins): set the chart's value (or extraArgs) instead" .name $flag) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if not .Values.allowTopologyChange }}
 {{- $existing := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "telha-cascade.fullname" .) }}
 {{- if $existing }}
@@ -120,5 +195,65 @@ StatefulSet so that every render runs them.
 {{- fail (printf "replicaCount changes partition ownership (%s -> %d) and the new owners do not have the data. See docs/DEPLOY.md (Scaling), then set allowTopologyChange=true" $oldN (int .Values.replicaCount)) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The worker's command line, one "- arg" per line: rendered into the
+StatefulSet and read back by telha-cascade.validate (which refuses an
+extraEnv TELHA_* variable for a flag given here: the command line wins, so
+the variable would be silently ignored).
+*/}}
+{{- define "telha-cascade.args" -}}
+{{- $creds := .Values.nats.credentialsSecret }}
+{{- $tls := .Values.nats.tls -}}
+- --data-dir=/data
+- --http-addr=:{{ int .Values.service.port }}
+{{- if gt (int .Values.service.apiPort) 0 }}
+- --api-addr=:{{ int .Values.service.apiPort }}
+{{- end }}
+{{- with .Values.tracing.otlpEndpoint }}
+- {{ printf "--otlp-endpoint=%s" . | quote }}
+{{- end }}
+- {{ printf "--nats-url=%s" (required "nats.url is required: the worker must use the external NATS cluster in Kubernetes" .Values.nats.url) | quote }}
+{{- if gt (int .Values.nats.streamReplicas) 0 }}
+- --stream-replicas={{ int .Values.nats.streamReplicas }}
+{{- end }}
+- --partitions={{ int .Values.partitions }}
+- --partition-owner=auto/{{ int .Values.replicaCount }}
+- --max-batch-ops={{ int64 .Values.maxBatchOps }}
+{{- if gt (int64 .Values.journalChunkOps) 0 }}
+- --journal-chunk-ops={{ int64 .Values.journalChunkOps }}
+{{- end }}
+{{- if .Values.secureDeleteRequests }}
+- --secure-delete-requests
+{{- end }}
+{{- if eq .Values.auth.mode "off" }}
+- --auth=off
+{{- else if .Values.auth.tokensSecret }}
+- --auth-tokens-file=/etc/telha/auth/tokens.json
+{{- end }}
+- --max-deliver={{ int .Values.maxDeliver }}
+- --max-deaths={{ int .Values.maxDeaths }}
+- {{ printf "--ack-wait=%s" .Values.ackWait | quote }}
+- {{ printf "--shutdown-grace=%s" .Values.shutdownGrace | quote }}
+- {{ printf "--results-max-age=%s" .Values.resultsMaxAge | quote }}
+- {{ printf "--dlq-max-age=%s" .Values.dlqMaxAge | quote }}
+- {{ printf "--reaper-schedule=%s" .Values.reaperSchedule | quote }}
+- --log-format={{ .Values.logFormat }}
+{{- if and $creds.name $creds.credsKey }}
+- --nats-creds=/etc/telha/nats-creds/nats.creds
+{{- end }}
+{{- if $tls.enabled }}
+{{- if $tls.caKey }}
+- --nats-tls-ca=/etc/telha/nats-tls/ca.crt
+{{- end }}
+{{- if $tls.certKey }}
+- --nats-tls-cert=/etc/telha/nats-tls/tls.crt
+- --nats-tls-key=/etc/telha/nats-tls/tls.key
+{{- end }}
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
 {{- end }}
 {{- end }}
