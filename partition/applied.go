@@ -41,13 +41,20 @@ func MarkApplied(b *pebble.Batch, seq uint64) error {
 // which. sync false is enough when the changelog holds the write (a lost
 // tail is replayed again on restart).
 //
-// It refuses (ErrCorrupt) a write-set that is not a well-formed Pebble
-// batch, carries operations a batch never holds (ingests, excises), or
-// touches the reserved keyspace, and a seq not above db's applied sequence
+// It refuses (ErrCorrupt) a write-set that ValidateWriteSet refuses (not a
+// well-formed Pebble batch, an operation the product never writes, or a
+// touch of the reserved keyspace), and a seq not above db's applied sequence
 // (replaying an old write-set would move the store back in time).
 func ApplyTo(db *pebble.DB, seq uint64, writeSet []byte, sync bool) error {
-	if err := ValidateWriteSet(writeSet); err != nil {
+	sized, err := validateWriteSet(writeSet)
+	if err != nil {
 		return fmt.Errorf("partition: write-set at %d: %w", seq, err)
+	}
+	// Pebble panics on a batch that needs a newer format than the store's
+	// (found by FuzzValidateWriteSet); refuse it as an error instead.
+	if sized && db.FormatMajorVersion() < pebble.FormatDeleteSizedAndObsolete {
+		return fmt.Errorf("partition: write-set at %d holds a sized delete, which needs Pebble format %d; this store is at %d",
+			seq, pebble.FormatDeleteSizedAndObsolete, db.FormatMajorVersion())
 	}
 	applied, err := AppliedSeq(db)
 	if err != nil {
@@ -100,16 +107,25 @@ func AppliedSeq(db *pebble.DB) (uint64, error) {
 const batchHeaderLen = 12
 
 // ValidateWriteSet checks that ws is a well-formed Pebble batch repr whose
-// every record is a point write, point delete, range delete, merge, range
-// key or log data, and that none touches the reserved keyspace. Pebble's
-// own batch reader trusts its input (it may read past the end of a
-// truncated varint), so a write-set from the wire is checked here first.
+// every record is a set, delete, single delete, sized delete, range delete
+// or log data (what the product's batches hold; merges, range keys,
+// ingests and excises are refused rather than trusted), and that none
+// touches the reserved keyspace. Pebble's own batch reader trusts its input
+// (it may read past the end of a truncated varint), so a write-set from the
+// wire is checked here first.
 //
 // Record layout (pebble batchrepr): kind byte, uvarint32 key length, key,
 // and for kinds with a value, uvarint32 value length, value.
 func ValidateWriteSet(ws []byte) error {
+	_, err := validateWriteSet(ws)
+	return err
+}
+
+// validateWriteSet is ValidateWriteSet, also reporting whether ws holds a
+// sized delete (which needs a newer Pebble format to apply).
+func validateWriteSet(ws []byte) (sized bool, err error) {
 	if len(ws) < batchHeaderLen {
-		return fmt.Errorf("%w: batch of %d bytes is shorter than its header", ErrCorrupt, len(ws))
+		return false, fmt.Errorf("%w: batch of %d bytes is shorter than its header", ErrCorrupt, len(ws))
 	}
 	want := binary.LittleEndian.Uint32(ws[8:batchHeaderLen])
 	var count uint32 // records in the header's count: all but log data
@@ -118,22 +134,20 @@ func ValidateWriteSet(ws []byte) error {
 		r = r[1:]
 		key, rest, err := readStr(r)
 		if err != nil {
-			return fmt.Errorf("%w: record %d key: %w", ErrCorrupt, count, err)
+			return false, fmt.Errorf("%w: record %d key: %w", ErrCorrupt, count, err)
 		}
 		r = rest
 		var value []byte
 		switch kind {
-		case pebble.InternalKeyKindSet, pebble.InternalKeyKindMerge, pebble.InternalKeyKindRangeDelete,
-			pebble.InternalKeyKindRangeKeySet, pebble.InternalKeyKindRangeKeyUnset, pebble.InternalKeyKindRangeKeyDelete,
-			pebble.InternalKeyKindDeleteSized:
+		case pebble.InternalKeyKindSet, pebble.InternalKeyKindRangeDelete, pebble.InternalKeyKindDeleteSized:
 			value, rest, err = readStr(r)
 			if err != nil {
-				return fmt.Errorf("%w: record %d value: %w", ErrCorrupt, count, err)
+				return false, fmt.Errorf("%w: record %d value: %w", ErrCorrupt, count, err)
 			}
 			r = rest
 		case pebble.InternalKeyKindDelete, pebble.InternalKeyKindSingleDelete, pebble.InternalKeyKindLogData:
 		default:
-			return fmt.Errorf("%w: record %d has kind %d, which a write-set may not carry", ErrCorrupt, count, kind)
+			return false, fmt.Errorf("%w: record %d has kind %d, which a write-set may not carry", ErrCorrupt, count, kind)
 		}
 		if kind != pebble.InternalKeyKindLogData {
 			count++
@@ -144,21 +158,26 @@ func ValidateWriteSet(ws []byte) error {
 		case pebble.InternalKeyKindRangeDelete:
 			// [key, value) must not overlap [reservedStart, reservedEnd).
 			if bytes.Compare(key, reservedEnd) < 0 && bytes.Compare(value, reservedStart) > 0 {
-				return fmt.Errorf("%w: record %d range-deletes [%x, %x), which overlaps the reserved keyspace 0xF0", ErrCorrupt, count, key, value)
+				return false, fmt.Errorf("%w: record %d range-deletes [%x, %x), which overlaps the reserved keyspace 0xF0", ErrCorrupt, count, key, value)
 			}
-		case pebble.InternalKeyKindRangeKeySet, pebble.InternalKeyKindRangeKeyUnset, pebble.InternalKeyKindRangeKeyDelete:
-			// Range keys live apart from point keys and cannot change the
-			// applied sequence.
 		default:
 			if bytes.HasPrefix(key, reservedStart) {
-				return fmt.Errorf("%w: record %d writes key %x in the reserved keyspace 0xF0", ErrCorrupt, count, key)
+				return false, fmt.Errorf("%w: record %d writes key %x in the reserved keyspace 0xF0", ErrCorrupt, count, key)
+			}
+		}
+		if kind == pebble.InternalKeyKindDeleteSized {
+			sized = true
+			// Compactions decode this value; a bad one would fail them
+			// later, far from the write-set that carried it.
+			if _, k := binary.Uvarint(value); k != len(value) || k == 0 {
+				return false, fmt.Errorf("%w: record %d: delete-sized value %x is not one uvarint", ErrCorrupt, count, value)
 			}
 		}
 	}
 	if count != want {
-		return fmt.Errorf("%w: batch header counts %d records, body holds %d", ErrCorrupt, want, count)
+		return false, fmt.Errorf("%w: batch header counts %d records, body holds %d", ErrCorrupt, want, count)
 	}
-	return nil
+	return sized, nil
 }
 
 // readStr reads a uvarint32 length and that many bytes.
