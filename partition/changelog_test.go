@@ -288,3 +288,8 @@ func TestOpenRejectsBadConfig(t *testing.T) {
 		t.Fatalf("an empty write-set broke the changelog: %v", err)
 	}
 }
+
+// The seam storage will declare (see doc.go) is satisfied by *Changelog.
+var _ interface {
+	Append(ctx context.Context, writeSet []byte) (uint64, error)
+} = (*Changelog)(nil)

@@ -113,8 +113,7 @@ const (
 // without fsync can lag the last commit it was "taken after": measured in
 // TestCheckpointPruneRestoreReplay before WithFlushedWAL was added, a
 // checkpoint held sequence 15 while the owner had committed 17). The
-// checkpoint is opened read-only
-// before upload, which also proves it opens.
+// checkpoint is opened read-only before upload, which also proves it opens.
 func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB) (CheckpointInfo, error) {
 	tmp, err := os.MkdirTemp("", "telha-ckpt-*")
 	if err != nil {

@@ -41,6 +41,21 @@
 // a write-set beyond checking that it is a well-formed Pebble batch that
 // does not touch the reserved keyspace below.
 //
+// # The seam storage will call
+//
+// storage declares its own one-method interface, so it never imports this
+// package, and *Changelog satisfies it:
+//
+//	type Durable interface {
+//		// Append makes a write-set (a batch's Repr) durable and returns the
+//		// sequence to record with it; an error is terminal for the store.
+//		Append(ctx context.Context, writeSet []byte) (seq uint64, err error)
+//	}
+//
+// Store.commit then does: seq, err := d.Append(ctx, b.Repr()); on error
+// fail the store (fenced or unknown: stop answering); else MarkApplied(b,
+// seq) and commit b without fsync.
+//
 // # The reserved keyspace
 //
 // Invariant: the applied sequence lives at key 0xF0 0x01 of the partition's
