@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/queue/client"
@@ -19,64 +18,33 @@ import (
 // The status page (package ui) on the read API's address: its figures and
 // its dead letters come from here.
 
-// deadLetters is ui.DeadLetters over the worker's dead-letter stream.
-type deadLetters struct {
-	js     jetstream.JetStream
-	stream string
-	prefix string
-}
-
-func (d deadLetters) s(ctx context.Context) (jetstream.Stream, error) {
-	return d.js.Stream(ctx, d.stream)
-}
-
-func (d deadLetters) List(ctx context.Context, f client.DeadLetterFilter) ([]client.DeadLetter, uint64, error) {
-	s, err := d.s(ctx)
-	if err != nil {
-		return nil, 0, err
-	}
-	return client.ListDeadLetters(ctx, s, d.prefix, f)
-}
-
-func (d deadLetters) Get(ctx context.Context, seq uint64) (client.DeadLetter, error) {
-	s, err := d.s(ctx)
-	if err != nil {
-		return client.DeadLetter{}, err
-	}
-	m, err := s.GetMsg(ctx, seq)
-	if err != nil {
-		return client.DeadLetter{}, err
-	}
-	return client.DeadLetterOf(m, d.prefix, false), nil
-}
-
-func (d deadLetters) Retry(ctx context.Context, seq uint64) (client.Retried, error) {
-	s, err := d.s(ctx)
-	if err != nil {
-		return client.Retried{}, err
-	}
-	return client.RetryDeadLetter(ctx, d.js, s, d.prefix, seq)
-}
-
-func (d deadLetters) Discard(ctx context.Context, seq uint64) error {
-	s, err := d.s(ctx)
-	if err != nil {
-		return err
-	}
-	return client.DiscardDeadLetter(ctx, s, seq)
-}
-
 // uiHandler is the status page, or nil before the store and the worker
 // are up.
 func (a *App) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
 	rates := &rateWindow{}
+	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
 	return ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
-		DeadLetters: deadLetters{js: a.worker.JetStream(), stream: qc.DLQStream, prefix: qc.Prefix},
-		Overview: func(ctx context.Context) ui.Overview {
+		DeadLetters: dlq,
+		Overview: func(ctx context.Context, p api.Principal) ui.Overview {
 			o := ui.Overview{Pending: "-", AckPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
 				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
+			if !p.Sees("*") {
+				// A token of some tenants: their journals and dead letters
+				// only, none of the worker's own figures (they count every
+				// tenant's requests).
+				o.Scoped = true
+				for _, j := range a.journals() {
+					if p.Sees(j.Tenant) {
+						o.Journals++
+					}
+				}
+				if n, err := dlq.Count(ctx, p.Tenants); err == nil {
+					o.DeadLetters = fmt.Sprint(n)
+				}
+				return o
+			}
 			secs := time.Since(started).Seconds()
 			if fams, err := a.metrics.Registry.Gather(); err == nil {
 				byStatus := map[string]float64{}

@@ -1,15 +1,18 @@
 // Package ui is the status page the worker serves at /ui/ on the read API's
 // address: server-rendered HTML (html/template, assets embedded; no CDN,
-// no script but a confirm() on write actions) for the SRE at 3 a.m. and
-// the auditor. Pages: overview, journals (progress, rate, ETA; it
+// no inline script: one static file asks confirm() before write actions)
+// for the SRE at 3 a.m. and the auditor. Pages: overview, journals (progress, rate, ETA; it
 // refreshes itself while one runs), dead letters (filter, body, headers,
 // retry and discard), request lookup, and the as-of explorer (a node or
 // edge at a (valid, tx) coordinate, its edges there, and an SVG of its
 // history).
 //
-// It owns rendering and the page's own access rules (sign-in cookie,
-// CSRF tokens on POST, tenant scoping of every list, operate role for
-// write actions), on top of package api's Auth.
+// It owns rendering and the page's own access rules (server-side sessions
+// behind a random cookie, never a token in a cookie; a CSRF token per
+// session, replaced after each POST; Origin checked on every POST;
+// tenant scoping of every list and total; operate role for write
+// actions), on top of package api's Auth. Every view costs O(its page):
+// dead letters, edges and history are paged, bodies shown bounded.
 //
 // What it must not do: write to the store (its only writes are dead-letter
 // retries and discards, through the DeadLetters it is given), decide

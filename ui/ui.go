@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"html/template"
@@ -20,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/api"
@@ -35,16 +34,21 @@ var staticFS embed.FS
 
 var pages = template.Must(template.New("").ParseFS(templateFS, "templates/*.html"))
 
-// DeadLetters is what the page needs of the dead-letter stream.
+// DeadLetters is what the page needs of the dead-letter stream
+// (client.DeadLetterStream).
 type DeadLetters interface {
-	List(ctx context.Context, f client.DeadLetterFilter) ([]client.DeadLetter, uint64, error)
+	List(ctx context.Context, f client.DeadLetterFilter) (client.DeadLetterPage, error)
 	Get(ctx context.Context, seq uint64) (client.DeadLetter, error)
 	Retry(ctx context.Context, seq uint64) (client.Retried, error)
 	Discard(ctx context.Context, seq uint64) error
 }
 
-// Overview is the overview page's figures (the worker fills them).
+// Overview is the overview page's figures (the worker fills them). For a
+// principal that sees some tenants only, Scoped is set and the figures of
+// the whole worker (requests, queue, disk) are left out: only its
+// tenants' journals and dead letters are counted.
 type Overview struct {
+	Scoped         bool
 	RequestsTotal  float64
 	RequestsPerSec float64
 	RateWindow     string // the span the rates are over
@@ -71,17 +75,19 @@ type StatusCount struct {
 
 // Options configures Handler.
 type Options struct {
-	Store       *storage.Store
-	Auth        *api.Auth
-	Journals    func() []api.Journal
-	Overview    func(ctx context.Context) Overview
+	Store    *storage.Store
+	Auth     *api.Auth
+	Journals func() []api.Journal
+	// Overview fills the overview for a principal (see Overview.Scoped).
+	Overview    func(ctx context.Context, p api.Principal) Overview
 	DeadLetters DeadLetters
 	Logger      *slog.Logger
 }
 
 type server struct {
-	o      Options
-	secret []byte
+	o        Options
+	secret   []byte
+	sessions *sessions
 	// lookups answers the request lookup as the read API does (the page
 	// has checked the tenant already).
 	lookups http.Handler
@@ -92,14 +98,19 @@ func Handler(o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &server{o: o, secret: make([]byte, 32),
+	s := &server{o: o, secret: make([]byte, 32), sessions: newSessions(),
 		lookups: api.Handler(o.Store, api.Options{ReadAPI: true, Journals: o.Journals, Logger: o.Logger})}
 	_, _ = rand.Read(s.secret)
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static")
-	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)))
+	files := http.StripPrefix("/ui/static/", http.FileServerFS(static))
+	mux.Handle("GET /ui/static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		files.ServeHTTP(w, r)
+	}))
 	mux.HandleFunc("GET /ui/login", s.loginPage)
 	mux.HandleFunc("POST /ui/login", s.login)
+	mux.HandleFunc("POST /ui/logout", s.gate(s.logout))
 	mux.HandleFunc("GET /ui/{$}", s.gate(s.overview))
 	mux.HandleFunc("GET /ui/journals", s.gate(s.journals))
 	mux.HandleFunc("GET /ui/dlq", s.gate(s.dlq))
@@ -112,41 +123,78 @@ func Handler(o Options) http.Handler {
 // page is what every template gets.
 type page struct {
 	Title, Page, Who, Flash, Error, CSRF string
-	Refresh                              int
-	Data                                 any
+	// SignedIn: a token's session, which the header offers to end.
+	SignedIn bool
+	Refresh  int
+	Data     any
 }
 
-type handler func(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page)
+type handler func(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, sess *session)
 
-// gate admits the request (token, cookie, loopback) and fills the page's
-// common parts.
+// gate admits the request and fills the page's common parts. Who: the
+// worker's mode (loopback, --auth off), a token in the Authorization
+// header, or (tokens mode) the token of the browser's session. A POST
+// must come from the page's origin with its session's CSRF token (checked
+// here, before any handler runs).
 func (s *server) gate(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, ok, status, msg := s.o.Auth.Principal(r)
+		sess := s.sessions.get(r)
+		tokensMode := s.o.Auth.Mode() == api.AuthTokens
+		if !ok && tokensMode && status == http.StatusUnauthorized && r.Header.Get("Authorization") == "" && sess != nil && sess.signed {
+			p, ok = s.o.Auth.TokenPrincipal(sess.tok)
+			if !ok {
+				s.sessions.end(sess) // its token left the tokens file
+				sess = nil
+			}
+		}
 		if !ok {
-			if status == http.StatusUnauthorized && s.o.Auth.Mode() == api.AuthTokens && r.Method == http.MethodGet {
+			if tokensMode && status != http.StatusMisdirectedRequest && r.Method == http.MethodGet {
 				http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 				return
 			}
+			if status == 0 {
+				status, msg = http.StatusUnauthorized, "sign in first"
+			}
 			http.Error(w, msg, status)
 			return
+		}
+		if sess != nil && sess.signed && (!tokensMode || r.Header.Get("Authorization") != "") {
+			sess = nil // a session of another principal than this request's
+		}
+		if r.Method == http.MethodPost {
+			switch {
+			case !sameOrigin(r):
+				http.Error(w, "this form was not sent from the status page (Origin is another site's)", http.StatusForbidden)
+				return
+			case sess == nil || !sess.useCSRF(r.PostFormValue("csrf")):
+				http.Error(w, "this form is stale or was not sent by the status page (CSRF token mismatch): reload the page", http.StatusForbidden)
+				return
+			}
+		} else if sess == nil && !tokensMode {
+			sess = s.sessions.create(api.TokenHash{}, false) // anonymous: its CSRF token and flash
+			setSessionCookie(w, r, sess)
 		}
 		who := p.Name
 		if !p.All {
 			who = fmt.Sprintf("%s (%s: %s)", p.Name, p.Role, strings.Join(p.Tenants, ", "))
 		}
-		pg := &page{Who: who, Flash: r.URL.Query().Get("flash"), CSRF: s.csrf(p)}
-		h(w, r, p, pg)
+		pg := &page{Who: who}
+		if sess != nil {
+			pg.CSRF, pg.SignedIn = sess.CSRF(), sess.signed
+			if r.Method == http.MethodGet {
+				pg.Flash = sess.takeFlash()
+			}
+		}
+		h(w, r, p, pg, sess)
 	}
 }
 
-// csrf is the token a principal's forms carry: an HMAC of its name under
-// the process's random secret (a cookie alone never authorises a POST).
-func (s *server) csrf(p api.Principal) string {
-	m := hmac.New(sha256.New, s.secret)
-	m.Write([]byte(p.Name))
-	return hex.EncodeToString(m.Sum(nil))
-}
+// contentSecurityPolicy: scripts and styles from the page's own files
+// only (no inline script, no inline handler), forms posting to the page
+// only, no <base>, no framing.
+const contentSecurityPolicy = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; " +
+	"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
 func (s *server) render(w http.ResponseWriter, name string, pg *page) {
 	var buf bytes.Buffer
@@ -155,33 +203,65 @@ func (s *server) render(w http.ResponseWriter, name string, pg *page) {
 		http.Error(w, "the page could not be rendered: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("X-Frame-Options", "DENY")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'self'; img-src 'self' data:")
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", contentSecurityPolicy)
 	_, _ = w.Write(buf.Bytes())
 }
 
+// loginErrors are the sign-in page's messages, by code (?error=).
+var loginErrors = map[string]string{
+	"unknown": "Unknown token.",
+	"stale":   "The sign-in form was stale: try again.",
+	"expired": "Your session ended: sign in again.",
+}
+
 func (s *server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, "login", &page{Title: "Sign in", Page: "login", Error: r.URL.Query().Get("error")})
+	pre := randomID()
+	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: pre, Path: "/ui/login", MaxAge: 3600, HttpOnly: true, Secure: secure(r), SameSite: http.SameSiteStrictMode})
+	s.render(w, "login", &page{Title: "Sign in", Page: "login", Error: loginErrors[r.URL.Query().Get("error")], CSRF: s.loginCSRF(pre)})
 }
 
 func (s *server) login(w http.ResponseWriter, r *http.Request) {
-	tok := strings.TrimSpace(r.PostFormValue("token"))
-	probe, _ := http.NewRequest(http.MethodGet, "/ui/", nil)
-	probe.RemoteAddr = r.RemoteAddr
-	probe.Header.Set("Authorization", "Bearer "+tok)
-	if _, ok, _, _ := s.o.Auth.Principal(probe); !ok || tok == "" {
-		http.Redirect(w, r, "/ui/login?error="+url.QueryEscape("unknown token"), http.StatusSeeOther)
+	c, err := r.Cookie(loginCookie)
+	if !sameOrigin(r) || err != nil || c.Value == "" || !hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(s.loginCSRF(c.Value))) {
+		http.Redirect(w, r, "/ui/login?error=stale", http.StatusSeeOther)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: api.TokenCookie, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	p, h, ok := s.o.Auth.CheckToken(strings.TrimSpace(r.PostFormValue("token")))
+	if !ok {
+		http.Redirect(w, r, "/ui/login?error=unknown", http.StatusSeeOther)
+		return
+	}
+	if old := s.sessions.get(r); old != nil {
+		s.sessions.end(old)
+	}
+	sess := s.sessions.create(h, true) // a new id at every sign-in
+	clearCookie(w, r, loginCookie, "/ui/login")
+	setSessionCookie(w, r, sess)
+	s.o.Logger.Info("status page: signed in", "token", p.Name)
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
-func (s *server) overview(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
+func (s *server) logout(w http.ResponseWriter, r *http.Request, p api.Principal, _ *page, sess *session) {
+	s.sessions.end(sess)
+	clearCookie(w, r, sessionCookie, "/ui/")
+	if sess.signed {
+		s.o.Logger.Info("status page: signed out", "token", p.Name)
+		http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+		return
+	}
+	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
+}
+
+func (s *server) overview(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Overview", "overview"
 	if s.o.Overview != nil {
-		pg.Data = s.o.Overview(r.Context())
+		pg.Data = s.o.Overview(r.Context(), p)
 	}
 	s.render(w, "overview", pg)
 }
@@ -194,7 +274,7 @@ type journalRow struct {
 	ETA     string
 }
 
-func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
+func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Journals", "journals"
 	var rows []journalRow
 	if s.o.Journals != nil {
@@ -223,52 +303,174 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 	s.render(w, "journals", pg)
 }
 
-// letterRow is a dead letter with its body made readable.
+// The dead-letter page shows DLQPageSize letters a page, and of each at
+// most MaxBodyShown bytes of its body (and MaxHeaderShown of each header
+// value). A body is pretty-printed only when it is at most MaxPrettyBytes
+// and nests at most MaxPrettyDepth deep (indenting costs its depth times
+// its lines), else shown as it came, cut: a page costs O(its size),
+// whatever the bodies hold.
+const (
+	DLQPageSize    = 50
+	MaxBodyShown   = 16 << 10
+	MaxHeaderShown = 1 << 10
+	MaxPrettyBytes = 16 << 10
+	MaxPrettyDepth = 32
+	maxPrettyOut   = 64 << 10
+)
+
+// letterRow is a dead letter made readable.
 type letterRow struct {
 	client.DeadLetter
-	PrettyBody string
+	// Body is the body to show (pretty-printed JSON, text or base64), at
+	// most MaxBodyShown bytes; BodyCut says it was cut.
+	Body       string
+	BodyKind   string // json, text, binary
+	BodyCut    bool
+	HeaderRows []headerRow
 }
+
+type headerRow struct{ Name, Value string }
 
 type dlqData struct {
 	Tenant, Reason string
 	Letters        []letterRow
 	Total          uint64
 	Operate        bool
+	Next           string // the next (older) page's link
+	First          bool   // the first page (no cursor)
 }
 
-func (s *server) dlq(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
+func (s *server) dlq(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Dead letters", "dlq"
-	d := dlqData{Tenant: r.URL.Query().Get("tenant"), Reason: r.URL.Query().Get("reason"), Operate: p.Operates()}
+	q := r.URL.Query()
+	d := dlqData{Tenant: q.Get("tenant"), Reason: q.Get("reason"), Operate: p.Operates(), First: q.Get("before") == ""}
 	if s.o.DeadLetters != nil {
-		f := client.DeadLetterFilter{Tenant: d.Tenant, Reason: d.Reason, Limit: 200, Full: true}
+		f := client.DeadLetterFilter{Tenant: d.Tenant, Reason: d.Reason, Limit: DLQPageSize, Full: true}
+		if b := q.Get("before"); b != "" {
+			n, err := strconv.ParseUint(b, 10, 64)
+			if err != nil || n == 0 {
+				pg.Error = fmt.Sprintf("before %q is not a stream sequence", b)
+			}
+			f.Before = n
+		}
 		if !p.All {
 			f.Tenants = p.Tenants
 		}
-		letters, total, err := s.o.DeadLetters.List(r.Context(), f)
-		if err != nil {
-			pg.Error = "the dead-letter stream could not be read: " + err.Error()
-		}
-		d.Total = total
-		for _, l := range letters {
-			row := letterRow{DeadLetter: l}
-			if len(l.Body) > 0 {
-				var b bytes.Buffer
-				if json.Indent(&b, l.Body, "", "  ") == nil {
-					row.PrettyBody = b.String()
-				}
+		if pg.Error == "" {
+			res, err := s.o.DeadLetters.List(r.Context(), f)
+			if err != nil {
+				pg.Error = "the dead-letter stream could not be read: " + err.Error()
 			}
-			d.Letters = append(d.Letters, row)
+			d.Total = res.Total
+			for _, l := range res.Letters {
+				d.Letters = append(d.Letters, showLetter(l))
+			}
+			if res.Next != 0 {
+				v := url.Values{"before": {strconv.FormatUint(res.Next, 10)}}
+				if d.Tenant != "" {
+					v.Set("tenant", d.Tenant)
+				}
+				if d.Reason != "" {
+					v.Set("reason", d.Reason)
+				}
+				d.Next = "/ui/dlq?" + v.Encode()
+			}
 		}
 	}
 	pg.Data = d
 	s.render(w, "dlq", pg)
 }
 
-func (s *server) dlqAction(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
-	if !hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(pg.CSRF)) {
-		http.Error(w, "this form is stale or was not sent by the status page (CSRF token mismatch): reload the page", http.StatusForbidden)
-		return
+// showLetter bounds what the page shows of a dead letter.
+func showLetter(l client.DeadLetter) letterRow {
+	row := letterRow{DeadLetter: l}
+	switch {
+	case len(l.Body) > 0:
+		row.BodyKind = "json"
+		if pretty, ok := prettyJSON(l.Body); ok {
+			row.Body = pretty
+		} else {
+			row.Body, row.BodyCut = cut(string(l.Body), MaxBodyShown)
+		}
+	case l.BodyText != "":
+		row.BodyKind = "text"
+		row.Body, row.BodyCut = cut(l.BodyText, MaxBodyShown)
+	case l.BodyBase64 != "":
+		row.BodyKind = "binary"
+		row.Body, row.BodyCut = cut(l.BodyBase64, MaxBodyShown)
 	}
+	names := make([]string, 0, len(l.Headers))
+	for k := range l.Headers {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		v, _ := cut(l.Headers[k], MaxHeaderShown)
+		name, _ := cut(k, 128)
+		row.HeaderRows = append(row.HeaderRows, headerRow{name, v})
+	}
+	// The page needs none of these in full any more.
+	row.DeadLetter.Body, row.DeadLetter.BodyText, row.DeadLetter.BodyBase64, row.DeadLetter.Headers = nil, "", "", nil
+	row.DeadLetter.Error, _ = cut(l.Error, MaxHeaderShown)
+	row.DeadLetter.RequestID, _ = cut(l.RequestID, 256)
+	return row
+}
+
+// prettyJSON indents a JSON body when that costs O(its size): at most
+// MaxPrettyBytes, nested at most MaxPrettyDepth deep, indented at most
+// maxPrettyOut.
+func prettyJSON(b []byte) (string, bool) {
+	if len(b) > MaxPrettyBytes || jsonDepth(b) > MaxPrettyDepth {
+		return "", false
+	}
+	var out bytes.Buffer
+	if json.Indent(&out, b, "", "  ") != nil || out.Len() > maxPrettyOut {
+		return "", false
+	}
+	return out.String(), true
+}
+
+// jsonDepth is the deepest nesting of brackets in b, outside strings (one
+// pass, no allocation).
+func jsonDepth(b []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// cut returns s's first n bytes (on a rune boundary) and whether it cut.
+func cut(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
+// dlqFlash are the messages after a retry or discard (kept in the
+// session, shown once; a URL never carries them).
+func (s *server) dlqAction(w http.ResponseWriter, r *http.Request, p api.Principal, _ *page, sess *session) {
 	if !p.Operates() {
 		s.o.Auth.Denied("forbidden_role")
 		http.Error(w, fmt.Sprintf("token %q has role %s: retrying and discarding need operate", p.Name, p.Role), http.StatusForbidden)
@@ -287,35 +489,36 @@ func (s *server) dlqAction(w http.ResponseWriter, r *http.Request, p api.Princip
 		http.Error(w, fmt.Sprintf("no dead letter %d you may act on", seq), http.StatusNotFound)
 		return
 	}
-	var flash string
 	switch r.PathValue("action") {
 	case "retry":
 		res, err := s.o.DeadLetters.Retry(r.Context(), seq)
 		if err != nil {
-			http.Redirect(w, r, "/ui/dlq?flash="+url.QueryEscape("retry failed: "+err.Error()), http.StatusSeeOther)
+			sess.setFlash("Retry failed: " + err.Error())
+			http.Redirect(w, r, "/ui/dlq", http.StatusSeeOther)
 			return
 		}
-		flash = fmt.Sprintf("Dead letter %d retried: request %s republished to %s (request stream seq %d) and removed from the dead letters.",
-			seq, res.RequestID, res.Subject, res.RequestStreamSeq)
+		sess.setFlash(fmt.Sprintf("Dead letter %d retried: request %s republished to %s (request stream seq %d) and removed from the dead letters.",
+			seq, res.RequestID, res.Subject, res.RequestStreamSeq))
 	case "discard":
 		if err := s.o.DeadLetters.Discard(r.Context(), seq); err != nil {
-			http.Redirect(w, r, "/ui/dlq?flash="+url.QueryEscape("discard failed: "+err.Error()), http.StatusSeeOther)
+			sess.setFlash("Discard failed: " + err.Error())
+			http.Redirect(w, r, "/ui/dlq", http.StatusSeeOther)
 			return
 		}
-		flash = fmt.Sprintf("Dead letter %d discarded (request %s, reason %s).", seq, l.RequestID, l.Reason)
+		sess.setFlash(fmt.Sprintf("Dead letter %d discarded (request %s, reason %s).", seq, l.RequestID, l.Reason))
 	default:
 		http.Error(w, "unknown action", http.StatusNotFound)
 		return
 	}
 	s.o.Logger.Info("status page: dead letter "+r.PathValue("action"), "seq", seq, "by", p.Name, "tenant", l.Tenant, "request_id", l.RequestID)
-	http.Redirect(w, r, "/ui/dlq?flash="+url.QueryEscape(flash), http.StatusSeeOther)
+	http.Redirect(w, r, "/ui/dlq", http.StatusSeeOther)
 }
 
 type requestsData struct {
 	Tenant, ID, Answer string
 }
 
-func (s *server) requests(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
+func (s *server) requests(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Request lookup", "requests"
 	d := requestsData{Tenant: r.URL.Query().Get("tenant"), ID: r.URL.Query().Get("id")}
 	if d.Tenant != "" && d.ID != "" {
@@ -369,12 +572,15 @@ type explorerData struct {
 	Tenant, Kind, ID, Valid, Tx string
 	AsOfValid, AsOfTx           string
 	Live                        bool
-	InFlight                    string
-	Version                     string
-	Edges                       []edgeRow
-	MoreEdges                   bool
-	History                     []historyRow
-	SVG                         template.HTML
+	// InFlight names the journal in flight that kept the coordinate's tx
+	// below the one asked (as the read API's cascade_in_flight).
+	InFlight                  string
+	Version                   string
+	Edges                     []edgeRow
+	MoreEdges                 bool
+	History                   []historyRow
+	HistoryNext, HistoryFirst string // links to the next page and the first
+	SVG                       template.HTML
 }
 
 type edgeRow struct{ ID, Src, Dst, Label, Valid, Tx, Link string }
@@ -385,6 +591,12 @@ type historyRow struct {
 	Before, At           string
 }
 
+// Explorer pages: ExplorerEdges edges and HistoryPageSize versions a page.
+const (
+	ExplorerEdges   = 50
+	HistoryPageSize = 100
+)
+
 func fmtTs(t storage.Ts) string {
 	if t == storage.OpenEnd || t == storage.NoTs {
 		return "open"
@@ -392,7 +604,7 @@ func fmtTs(t storage.Ts) string {
 	return t.Time().Format(storage.TimeLayout)
 }
 
-func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page) {
+func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "As-of explorer", "explorer"
 	q := r.URL.Query()
 	d := explorerData{Tenant: q.Get("tenant"), Kind: q.Get("kind"), ID: q.Get("id"), Valid: q.Get("valid"), Tx: q.Get("tx")}
@@ -427,8 +639,21 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	if d.Kind == "edge" {
 		kind = storage.KindEdge
 	}
+	var after *[2]storage.Ts
+	if h := q.Get("hafter"); h != "" {
+		a, b, ok := strings.Cut(h, "_")
+		x, errA := strconv.ParseInt(a, 10, 64)
+		y, errB := strconv.ParseInt(b, 10, 64)
+		if !ok || errA != nil || errB != nil {
+			fail(fmt.Sprintf("hafter %q is not a history cursor", h))
+			return
+		}
+		after = &[2]storage.Ts{storage.Ts(x), storage.Ts(y)}
+	}
 	// The coordinate, as the read API takes it (safe time: default tx the
-	// committed one; a tx above it is answered at it).
+	// committed one; a tx above it is answered at it; a journal in flight
+	// on the node, or on a neighbour an edge leads to, lowers it below the
+	// journal's tx, which the page says). The page never waits.
 	committed := s.o.Store.Committed()
 	v, t := max(storage.TsFromTime(time.Now()), committed), committed
 	if d.Valid != "" {
@@ -444,15 +669,38 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 		}
 		t = min(t, committed)
 	}
-	nodes := []uuid.UUID{id}
 	rd := s.o.Store.Reader()
+	nodes := []uuid.UUID{id}
 	if kind == storage.KindEdge {
 		if latest, ok, err := storage.Latest(rd, sc, kind, id); err == nil && ok {
 			nodes = []uuid.UUID{latest.Src, latest.Dst}
 		}
 	}
+	var inflight *storage.JournalEntry
 	if safe, by := s.o.Store.SafeAt(sc, t, nodes...); by != nil {
-		t, d.InFlight = safe, fmtTs(by.J.Tx)
+		t, inflight = safe, by
+	}
+	var edges storage.EdgesPage
+	if kind == storage.KindNode {
+		for {
+			page, blocked, err := api.SafeEdgesPage(s.o.Store, sc, id, storage.DirBoth, v, t, nil, ExplorerEdges, 40*ExplorerEdges)
+			if err != nil {
+				fail(err.Error())
+				return
+			}
+			if blocked == nil {
+				edges = page
+				break
+			}
+			select {
+			case <-blocked.Removed(): // finished meanwhile: read again at t
+			default:
+				t, inflight = blocked.J.Tx-1, blocked
+			}
+		}
+	}
+	if inflight != nil {
+		d.InFlight = fmt.Sprintf("node %s, request %s, tx %s", inflight.J.NodeID, inflight.J.Prov.RequestID, fmtTs(inflight.J.Tx))
 	}
 	d.AsOfValid, d.AsOfTx = fmtTs(v), fmtTs(t)
 	ver, ok, err := storage.AsOf(rd, sc, kind, id, v, t)
@@ -468,31 +716,40 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	link := func(kind string, id uuid.UUID, v, t storage.Ts) string {
 		return "/ui/explorer?" + url.Values{"tenant": {d.Tenant}, "kind": {kind}, "id": {id.String()}, "valid": {fmtTs(v)}, "tx": {fmtTs(t)}}.Encode()
 	}
-	if kind == storage.KindNode {
-		page, err := storage.EdgesOfPage(rd, sc, id, storage.DirBoth, v, t, nil, 50, 2000, func(other uuid.UUID) bool {
-			_, by := s.o.Store.SafeAt(sc, t, other)
-			return by == nil
-		})
-		if err == nil {
-			for _, e := range page.Edges {
-				d.Edges = append(d.Edges, edgeRow{ID: e.ID.String(), Src: e.Src.String(), Dst: e.Dst.String(), Label: e.Label,
-					Valid: fmtTs(e.Valid.Start) + " – " + fmtTs(e.Valid.End), Tx: fmtTs(e.Tx.Start), Link: link("edge", e.ID, v, t)})
-			}
-			d.MoreEdges = page.Next != nil
-		}
+	for _, e := range edges.Edges {
+		d.Edges = append(d.Edges, edgeRow{ID: e.ID.String(), Src: e.Src.String(), Dst: e.Dst.String(), Label: e.Label,
+			Valid: fmtTs(e.Valid.Start) + " – " + fmtTs(e.Valid.End), Tx: fmtTs(e.Tx.Start), Link: link("edge", e.ID, v, t)})
 	}
-	hist, err := storage.History(rd, sc, kind, id)
+	d.MoreEdges = edges.Next != nil
+	// The history, a page at a time (versions not committed yet are not
+	// shown: safe time).
+	hist, next, err := storage.HistoryPage(rd, sc, kind, id, after, HistoryPageSize, committed)
 	if err != nil {
 		fail(err.Error())
 		return
 	}
 	for _, h := range hist {
-		if h.Tx.Start > committed {
-			continue // not committed yet: not shown (safe time)
-		}
 		d.History = append(d.History, historyRow{Tx: fmtTs(h.Tx.Start), Valid: fmtTs(h.Valid.Start) + " – " + fmtTs(h.Valid.End),
 			RequestID: h.Prov.RequestID, Tombstone: h.Tombstone, Erased: h.Erased,
 			Before: link(d.Kind, id, v, h.Tx.Start-1), At: link(d.Kind, id, v, h.Tx.Start)})
+	}
+	self := url.Values{"tenant": {d.Tenant}, "kind": {d.Kind}, "id": {d.ID}}
+	if d.Valid != "" {
+		self.Set("valid", d.Valid)
+	}
+	if d.Tx != "" {
+		self.Set("tx", d.Tx)
+	}
+	if next != nil {
+		nv := url.Values{}
+		for k, vs := range self {
+			nv[k] = vs
+		}
+		nv.Set("hafter", fmt.Sprintf("%d_%d", next[0], next[1]))
+		d.HistoryNext = "/ui/explorer?" + nv.Encode()
+	}
+	if after != nil {
+		d.HistoryFirst = "/ui/explorer?" + self.Encode()
 	}
 	d.SVG = historySVG(hist, committed, v, t, func(h storage.Version) string { return link(d.Kind, id, v, h.Tx.Start) })
 	s.render(w, "explorer", pg)

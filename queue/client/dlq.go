@@ -402,3 +402,65 @@ func DiscardDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) erro
 	}
 	return nil
 }
+
+// DeadLetterStream reads and acts on a dead-letter stream by name (the
+// status page's dead letters).
+type DeadLetterStream struct {
+	JS     jetstream.JetStream
+	Stream string // TELHA_DLQ
+	Prefix string // telha
+}
+
+func (d DeadLetterStream) s(ctx context.Context) (jetstream.Stream, error) {
+	return d.JS.Stream(ctx, d.Stream)
+}
+
+// List returns a page of dead letters (ListDeadLetterPage).
+func (d DeadLetterStream) List(ctx context.Context, f DeadLetterFilter) (DeadLetterPage, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return DeadLetterPage{}, err
+	}
+	return ListDeadLetterPage(ctx, s, d.Prefix, f)
+}
+
+// Count returns how many dead letters the tenants hold (nil or "*": all).
+func (d DeadLetterStream) Count(ctx context.Context, tenants []string) (uint64, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return 0, err
+	}
+	p, err := ListDeadLetterPage(ctx, s, d.Prefix, DeadLetterFilter{Tenants: tenants, Limit: 1})
+	return p.Total, err
+}
+
+// Get returns dead letter seq (without its body).
+func (d DeadLetterStream) Get(ctx context.Context, seq uint64) (DeadLetter, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	return DeadLetterOf(m, d.Prefix, false), nil
+}
+
+// Retry retries dead letter seq (RetryDeadLetter).
+func (d DeadLetterStream) Retry(ctx context.Context, seq uint64) (Retried, error) {
+	s, err := d.s(ctx)
+	if err != nil {
+		return Retried{}, err
+	}
+	return RetryDeadLetter(ctx, d.JS, s, d.Prefix, seq)
+}
+
+// Discard removes dead letter seq.
+func (d DeadLetterStream) Discard(ctx context.Context, seq uint64) error {
+	s, err := d.s(ctx)
+	if err != nil {
+		return err
+	}
+	return DiscardDeadLetter(ctx, s, seq)
+}
