@@ -259,7 +259,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(),
 		"max_batch_ops", a.ops.MaxBatchOps(), "chunk_ops", a.ops.ChunkOps())
 
-	w, err := queue.New(a.nc, a.ops, qcfg, queue.Hooks{Result: a.metrics.Request, Acked: a.metrics.Acked, DeadLetter: a.metrics.DeadLetter, DeadLetterFailed: a.metrics.DeadLetterFailed}, log)
+	w, err := queue.New(a.nc, a.ops, qcfg, queue.Hooks{Result: a.metrics.Request, Acked: a.metrics.Acked, DeadLetter: a.metrics.DeadLetter, DeadLetterFailed: a.metrics.DeadLetterFailed,
+		DeadLetterResultFailed: a.metrics.DeadLetterResultFailed}, log)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
@@ -305,4 +308,94 @@ func TestHarmRejectedRequestHidesNextAnswer(t *testing.T) {
 	if len(stored) != 2 || stored[0].Status != queue.StatusInvalid || stored[1].Status != queue.StatusOK {
 		t.Fatalf("TELHA_RES holds %+v, want the invalid answer then the ok", stored)
 	}
+}
+
+// blockResults makes TELHA_RES refuse every new message (max messages at
+// what it holds, discard new) and returns the function that lifts it: a
+// fault of the real server, not a mock.
+func blockResults(t *testing.T, js jetstream.JetStream) func() {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "TELHA_RES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		t.Fatal("blockResults needs a stored result first")
+	}
+	orig := info.Config
+	blocked := orig
+	blocked.MaxMsgs, blocked.Discard = int64(info.State.Msgs), jetstream.DiscardNew
+	if _, err := js.UpdateStream(ctx, blocked); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := js.UpdateStream(ctx, orig); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestHarmDeadLetterResultNotLost (item 11): when the result of a
+// dead-lettered request cannot be stored, the message is kept (nak) and
+// answered once the results stream takes it again; its dead letter is
+// stored once.
+func TestHarmDeadLetterResultNotLost(t *testing.T) {
+	ns := testnats.Start(t)
+	logs := newLogBuf()
+	l := launch(t, slog.New(slog.NewTextHandler(logs, nil)), t.TempDir(), "--nats-url", ns.ClientURL(), "--max-deliver", "3")
+	a := l.waitReady()
+	b := newBus(t, ns)
+	mustOK(t, b.wait(b.send("lost", node(uuid.NewString()))))
+	unblock := blockResults(t, b.js)
+	raw, _ := json.Marshal(map[string]any{"request_id": "lost-1", "op": "put_node", "tenant": "lost", "id": "not-a-uuid"})
+	b.sendRaw("telha.req.lost", raw, "")
+	if !logs.waitFor(30*time.Second, l.exited, "result of a dead-lettered request") {
+		t.Fatalf("no log of the failed result; logs:\n%s", logs)
+	}
+	unblock()
+	if got := b.storedResults("lost-1"); len(got) != 1 || got[0].Status != queue.StatusInvalid {
+		t.Fatalf("TELHA_RES holds %+v for the dead-lettered request, want its invalid answer", got)
+	}
+	n := 0
+	for _, d := range b.deadLetters() {
+		if strings.Contains(string(d.Data), "lost-1") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d dead letters of the request, want 1", n)
+	}
+	if got := testutil.ToFloat64(a.Metrics().DeadLetters.WithLabelValues(queue.ReasonInvalid)); got != 1 {
+		t.Fatalf("telha_dead_letters_total{reason=invalid} = %v, want 1", got)
+	}
+}
+
+// TestHarmDeadLetterResultLostLoudly (item 11): on the last delivery the
+// message is terminated anyway, loudly: an error log line and
+// telha_dead_letter_result_failures_total.
+func TestHarmDeadLetterResultLostLoudly(t *testing.T) {
+	ns := testnats.Start(t)
+	logs := newLogBuf()
+	l := launch(t, slog.New(slog.NewTextHandler(logs, nil)), t.TempDir(), "--nats-url", ns.ClientURL(), "--max-deliver", "2")
+	l.waitReady()
+	b := newBus(t, ns)
+	mustOK(t, b.wait(b.send("lost", node(uuid.NewString()))))
+	defer blockResults(t, b.js)()
+	raw, _ := json.Marshal(map[string]any{"request_id": "lost-2", "op": "put_node", "tenant": "lost", "id": "not-a-uuid"})
+	b.sendRaw("telha.req.lost", raw, "")
+	if !logs.waitFor(30*time.Second, l.exited, "level=ERROR", "WITHOUT its result", "lost-2") {
+		t.Fatalf("no error log of the lost result; logs:\n%s", logs)
+	}
+	testnats.Eventually(t, 10*time.Second, "the failure counted", func() bool {
+		_, body := httpGet(t, "http://"+l.httpAddr+"/metrics")
+		return strings.Contains(body, `telha_dead_letter_result_failures_total{reason="invalid"} 1`)
+	})
 }

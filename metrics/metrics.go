@@ -43,6 +43,7 @@ type Metrics struct {
 	ReaperLastSuccess prometheus.Gauge
 	DeadLetters       *prometheus.CounterVec
 	DeadLetterFails   *prometheus.CounterVec
+	DeadLetterResFail *prometheus.CounterVec
 	CommitDuration    prometheus.Histogram
 	CommitFailures    prometheus.Counter
 	WriterWait        *prometheus.HistogramVec
@@ -102,6 +103,9 @@ func New(b Build, l Labels) *Metrics {
 		DeadLetterFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "telha_dead_letter_failures_total", Help: "Messages terminated WITHOUT their copy in the dead-letter stream (the copy kept failing until their last delivery), by reason.",
 		}, []string{"reason"}),
+		DeadLetterResFail: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_dead_letter_result_failures_total", Help: "Dead-lettered messages terminated WITHOUT their result in the results stream (publishing it kept failing until their last delivery), by reason.",
+		}, []string{"reason"}),
 		CommitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "telha_storage_commit_duration_seconds", Help: "Durable (fsynced) Pebble batch commits.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
@@ -126,7 +130,7 @@ func New(b Build, l Labels) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
-		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.APIDenied,
+		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
 		m.RequestDuration.WithLabelValues(op)
@@ -147,6 +151,7 @@ func New(b Build, l Labels) *Metrics {
 	for _, reason := range l.DeadLetterReasons {
 		m.DeadLetters.WithLabelValues(reason)
 		m.DeadLetterFails.WithLabelValues(reason)
+		m.DeadLetterResFail.WithLabelValues(reason)
 	}
 	for _, reason := range l.DeniedReasons {
 		m.APIDenied.WithLabelValues(reason)
@@ -228,6 +233,12 @@ func (m *Metrics) DeadLetter(reason string) {
 // DeadLetterFailed records a message terminated without its dead letter.
 func (m *Metrics) DeadLetterFailed(reason string) {
 	m.DeadLetterFails.WithLabelValues(known(m.dlReasons, reason, Other)).Inc()
+}
+
+// DeadLetterResultFailed records a dead-lettered message terminated
+// without its result.
+func (m *Metrics) DeadLetterResultFailed(reason string) {
+	m.DeadLetterResFail.WithLabelValues(known(m.dlReasons, reason, Other)).Inc()
 }
 
 // Cascade records a cascade whose node tombstone landed.

@@ -35,6 +35,10 @@ type Hooks struct {
 	// was terminated without its copy in the dead-letter stream (the copy
 	// kept failing until the message's MaxDeliver-th delivery).
 	DeadLetterFailed func(reason string)
+	// DeadLetterResultFailed fires when a dead-lettered message was
+	// terminated without its result in the results stream (publishing it
+	// kept failing until the message's MaxDeliver-th delivery).
+	DeadLetterResultFailed func(reason string)
 }
 
 // ConsumerStats is the consumer's state as of the last refresh.
@@ -629,11 +633,19 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		m.Header.Set("Telha-Original-Msg-Id", clip(origID, MaxHeaderBytes))
 	}
 	fitDeadLetter(m, w.maxPayload())
-	if _, err := w.js.PublishMsg(ctx, m); err != nil {
-		if delivered < uint64(w.cfg.MaxDeliver) {
+	last := delivered >= uint64(w.cfg.MaxDeliver)
+	keep := func() {
+		// Redelivered, it is dead-lettered again: the copy under the same
+		// id is dropped as a duplicate, and a crash_loop message keeps its
+		// marker, so it is not handled on the way.
+		it.marked = false
+		_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
+	}
+	if ack, err := w.js.PublishMsg(ctx, m); err != nil {
+		if !last {
 			w.log.Error("dead letter not stored; the message is kept for redelivery", "reason", reason, "stream", stream, "seq", seq,
-				"subject", it.msg.Subject(), "msg_id", origID, "request_id", res.RequestID, "delivery", delivered, "err", err)
-			_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
+				"subject", it.msg.Subject(), "msg_id", clip(origID, MaxEchoBytes), "request_id", res.RequestID, "delivery", delivered, "err", err)
+			keep()
 			return
 		}
 		// Never loop for ever: on its MaxDeliver-th delivery a message is
@@ -644,7 +656,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		if w.hooks.DeadLetterFailed != nil {
 			w.hooks.DeadLetterFailed(reason)
 		}
-	} else {
+	} else if !ack.Duplicate { // a duplicate: stored on an earlier delivery, counted then
 		if w.hooks.DeadLetter != nil {
 			w.hooks.DeadLetter(reason)
 		}
@@ -657,8 +669,22 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		// otherwise: the answer is named by its message.
 		rm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("res.%s.%s.dlq-%s-%d", res.Tenant, res.RequestID, stream, seq))
 	}
+	// Terminated only once its result is stored (issue 20: it was
+	// terminated anyway, and the answer lost), or loudly on the last
+	// delivery.
 	if _, err := w.js.PublishMsg(ctx, rm); err != nil {
-		w.log.Warn("publish the result of a dead-lettered request", "request_id", res.RequestID, "status", res.Status, "err", err)
+		if !last {
+			w.log.Warn("the result of a dead-lettered request was not stored; the message is kept for redelivery", "reason", reason,
+				"request_id", res.RequestID, "status", res.Status, "stream", stream, "seq", seq, "delivery", delivered, "err", err)
+			keep()
+			return
+		}
+		w.log.Error("the result of a dead-lettered request was not stored after every delivery; the message is terminated WITHOUT its result in the results stream",
+			"reason", reason, "request_id", res.RequestID, "status", res.Status, "subject", rm.Subject, "stream", stream, "seq", seq,
+			"deliveries", delivered, "err", err)
+		if w.hooks.DeadLetterResultFailed != nil {
+			w.hooks.DeadLetterResultFailed(reason)
+		}
 	} else if w.hooks.Result != nil {
 		w.hooks.Result(it.opLabel(), res.Status)
 	}
