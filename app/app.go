@@ -240,6 +240,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
 		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, DLQMaxAge: cfg.DLQMaxAge, StreamReplicas: cfg.StreamReplicas,
 		SecureDeleteAcked: cfg.SecureDeleteRequests, TracerProvider: a.tracer,
+		ResultsMaxBytes: cfg.ResultsMaxBytes, DLQMaxBytes: cfg.DLQMaxBytes,
+		ResultsMaxPerTenant: perTenant(cfg.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(cfg.DLQMaxPerTenant),
 	}
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {

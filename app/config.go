@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"github.com/telha/telha-cascade/api"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,10 +45,14 @@ type Config struct {
 	AckWait        time.Duration
 	ResultsMaxAge  time.Duration
 	DLQMaxAge      time.Duration
-	StreamReplicas int
-	LeaseTTL       time.Duration
-	ShutdownGrace  time.Duration
-	MinFreeDiskMB  int
+	// Size limits of TELHA_RES and TELHA_DLQ (bytes; messages per tenant
+	// subject, 0: none).
+	ResultsMaxBytes, DLQMaxBytes         int64
+	ResultsMaxPerTenant, DLQMaxPerTenant int64
+	StreamReplicas                       int
+	LeaseTTL                             time.Duration
+	ShutdownGrace                        time.Duration
+	MinFreeDiskMB                        int
 	// OTLPEndpoint: --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT.
 	OTLPEndpoint string
 	// Auth is --auth; AuthTokensFile --auth-tokens-file (see AuthMode).
@@ -143,6 +149,11 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "consumer AckWait")
 	fs.DurationVar(&c.ResultsMaxAge, "results-max-age", 24*time.Hour, "how long TELHA_RES keeps results")
 	fs.DurationVar(&c.DLQMaxAge, "dlq-max-age", 14*24*time.Hour, "how long TELHA_DLQ keeps dead letters")
+	c.ResultsMaxBytes, c.DLQMaxBytes = 1<<30, 1<<30
+	fs.Var((*byteSize)(&c.ResultsMaxBytes), "results-max-bytes", "size limit of TELHA_RES (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest results go first")
+	fs.Var((*byteSize)(&c.DLQMaxBytes), "dlq-max-bytes", "size limit of TELHA_DLQ (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest dead letters go first")
+	fs.Int64Var(&c.ResultsMaxPerTenant, "results-max-per-tenant", 1_000_000, "most results TELHA_RES keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
+	fs.Int64Var(&c.DLQMaxPerTenant, "dlq-max-per-tenant", 10_000, "most dead letters TELHA_DLQ keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "a journal applier that makes no progress this long is abandoned and retried")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for the drain (requests held, journal appliers) before the worker exits anyway")
@@ -208,6 +219,17 @@ func (c *Config) validate() []error {
 	if c.ResultsMaxAge < time.Minute || c.DLQMaxAge < time.Minute {
 		bad("--results-max-age and --dlq-max-age must be at least 1m")
 	}
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{{"--results-max-bytes", c.ResultsMaxBytes}, {"--dlq-max-bytes", c.DLQMaxBytes}} {
+		if l.v < minStreamBytes || l.v > maxStreamBytes {
+			bad("%s must be between 2MiB and 1PiB, got %d bytes", l.name, l.v)
+		}
+	}
+	if c.ResultsMaxPerTenant < 0 || c.DLQMaxPerTenant < 0 {
+		bad("--results-max-per-tenant and --dlq-max-per-tenant must not be negative (0: no per-tenant limit)")
+	}
 	if c.LeaseTTL <= 0 {
 		bad("--lease-ttl must be positive, got %s", c.LeaseTTL)
 	}
@@ -272,4 +294,62 @@ func (c *Config) AuthMode() api.AuthMode {
 		return api.AuthTokens
 	}
 	return api.AuthLoopback
+}
+
+// Bounds of --results-max-bytes and --dlq-max-bytes: room for the largest
+// message (1 MiB) twice, and a petabyte.
+const (
+	minStreamBytes = 2 << 20
+	maxStreamBytes = 1 << 50
+)
+
+// byteSize is a flag of a size in bytes: an integer, or an integer with a
+// unit (B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers
+// of 1024).
+type byteSize int64
+
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+
+func (b *byteSize) String() string {
+	if b == nil {
+		return "0"
+	}
+	for _, u := range byteUnits[:4] {
+		if v := int64(*b); v != 0 && v%u.mult == 0 && (v/u.mult < 1024 || u.suffix == "TiB") {
+			return strconv.FormatInt(v/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	num, mult := s, int64(1)
+	for _, u := range byteUnits {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || num == "" || num[0] == '+' {
+		return fmt.Errorf("%q is not a size (an integer of bytes, or with a unit: 512MiB, 1GiB, 2GB)", s)
+	}
+	if v != 0 && (v > math.MaxInt64/mult || v < math.MinInt64/mult) {
+		return fmt.Errorf("%q is too large", s)
+	}
+	*b = byteSize(v * mult)
+	return nil
+}
+
+// perTenant is a per-tenant limit flag as queue.Config takes it (0, no
+// limit, is -1 there).
+func perTenant(n int64) int64 {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

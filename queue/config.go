@@ -33,6 +33,15 @@ type Config struct {
 	ResultsMaxAge time.Duration
 	// DLQMaxAge bounds how long dead letters are kept. Default 14 days.
 	DLQMaxAge time.Duration
+	// ResultsMaxBytes and DLQMaxBytes bound the size of the results and
+	// dead-letter streams; the oldest messages go first. Default 1 GiB
+	// each.
+	ResultsMaxBytes, DLQMaxBytes int64
+	// ResultsMaxPerTenant and DLQMaxPerTenant bound the messages kept per
+	// tenant subject (<prefix>.res.<tenant>, <prefix>.dlq.<tenant>); a
+	// tenant over its bound loses its own oldest first, not another
+	// tenant's. Defaults 1,000,000 and 10,000; -1: no per-tenant bound.
+	ResultsMaxPerTenant, DLQMaxPerTenant int64
 	// StreamReplicas for streams this worker creates. Default 1.
 	StreamReplicas int
 	// MaxDeliver: a request that fails transiently on its MaxDeliver-th
@@ -97,6 +106,15 @@ func (c Config) Defaults() Config {
 	defD(&c.DuplicateWindow, 2*time.Minute)
 	defD(&c.ResultsMaxAge, 24*time.Hour)
 	defD(&c.DLQMaxAge, 14*24*time.Hour)
+	defI64 := func(p *int64, v int64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defI64(&c.ResultsMaxBytes, 1<<30)
+	defI64(&c.DLQMaxBytes, 1<<30)
+	defI64(&c.ResultsMaxPerTenant, 1_000_000)
+	defI64(&c.DLQMaxPerTenant, 10_000)
 	if c.MaxDeaths <= 0 {
 		c.MaxDeaths = 3
 	}

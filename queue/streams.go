@@ -56,18 +56,26 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxAge:      c.ResultsMaxAge,
-		Duplicates:  c.DuplicateWindow,
-		Replicas:    c.StreamReplicas,
+		MaxBytes:    c.ResultsMaxBytes,
+		// A tenant over its share loses its own oldest results, not
+		// another tenant's (until the stream as a whole is full).
+		MaxMsgsPerSubject: c.ResultsMaxPerTenant,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        c.DuplicateWindow,
+		Replicas:          c.StreamReplicas,
 	}
 	dlq := jetstream.StreamConfig{
-		Name:        c.DLQStream,
-		Description: "telha-cascade dead letters: payloads that can never apply",
-		Subjects:    []string{c.Prefix + ".dlq.*"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      c.DLQMaxAge,
-		Duplicates:  c.DuplicateWindow,
-		Replicas:    c.StreamReplicas,
+		Name:              c.DLQStream,
+		Description:       "telha-cascade dead letters: payloads that can never apply",
+		Subjects:          []string{c.Prefix + ".dlq.*"},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		MaxAge:            c.DLQMaxAge,
+		MaxBytes:          c.DLQMaxBytes,
+		MaxMsgsPerSubject: c.DLQMaxPerTenant,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        c.DuplicateWindow,
+		Replicas:          c.StreamReplicas,
 	}
 	var filters []string
 	for _, p := range c.Owner.Partitions(c.Partitions) {
