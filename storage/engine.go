@@ -26,6 +26,10 @@ type Engine interface {
 	NewIndexedBatch() *pebble.Batch
 	// Commit applies b with fsync. It is the only durable call.
 	Commit(b *pebble.Batch) error
+	// CommitNoSync applies b without waiting for fsync: the store calls it
+	// instead of Commit only when a Durable (a changelog) already holds b
+	// (Store.commit), so a lost tail of the WAL is replayed from there.
+	CommitNoSync(b *pebble.Batch) error
 	Metrics() *pebble.Metrics
 	// Flush and Compact serve erasure's scrub (Store.Scrub).
 	Flush() error
@@ -162,6 +166,9 @@ func (e *PebbleEngine) Stalls() *StallCounter { return e.stalls }
 // Commit applies b synchronously (fsync before returning).
 func (e *PebbleEngine) Commit(b *pebble.Batch) error { return b.Commit(pebble.Sync) }
 
+// CommitNoSync applies b without fsync (the changelog holds it).
+func (e *PebbleEngine) CommitNoSync(b *pebble.Batch) error { return b.Commit(pebble.NoSync) }
+
 // DiskUsage reports Pebble's own disk usage.
 func (e *PebbleEngine) DiskUsage() uint64 { return e.DB.Metrics().DiskSpaceUsage() }
 
@@ -257,7 +264,12 @@ func (f *FaultEngine) Calls() int {
 }
 
 // Commit counts the call, consults the injector, and commits for real.
-func (f *FaultEngine) Commit(b *pebble.Batch) error {
+func (f *FaultEngine) Commit(b *pebble.Batch) error { return f.commit(b, f.Engine.Commit) }
+
+// CommitNoSync is Commit without fsync: the same count, injector and hooks.
+func (f *FaultEngine) CommitNoSync(b *pebble.Batch) error { return f.commit(b, f.Engine.CommitNoSync) }
+
+func (f *FaultEngine) commit(b *pebble.Batch, apply func(*pebble.Batch) error) error {
 	f.mu.Lock()
 	f.calls++
 	n, inject, after, observe := f.calls, f.inject, f.after, f.observe
@@ -270,7 +282,7 @@ func (f *FaultEngine) Commit(b *pebble.Batch) error {
 			return err
 		}
 	}
-	if err := f.Engine.Commit(b); err != nil {
+	if err := apply(b); err != nil {
 		return err
 	}
 	if after != nil {

@@ -34,6 +34,17 @@ func (f *fatalState) raise(msg string) {
 	select {}
 }
 
+// fail records err as the store's fatal error (if it is the first) and
+// returns, unlike raise: the store itself decided to stop (a Durable
+// refused or could not confirm a write-set), the caller's goroutine is
+// healthy and returns the error to its task.
+func (f *fatalState) fail(err error) {
+	f.once.Do(func() {
+		f.err = err
+		close(f.ch)
+	})
+}
+
 // Fatal returns a channel closed when the store hits a fatal error; FatalErr
 // then says which (wrapping ErrFatal).
 func (s *Store) Fatal() <-chan struct{} { return s.fatal.ch }

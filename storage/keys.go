@@ -22,6 +22,13 @@ import (
 //	valid_time_idx  0x05 | T | valid.start | kind | id | tx.start
 //	tx_time_idx     0x06 | T | tx.start | kind | id | valid.start
 //	jobs            0x07 | T | state | priority | created_at | job_id [| page]
+//	partition       0xF0 | 0x01            applied changelog sequence (package partition)
+//
+// The 0xF0 keyspace is package partition's (the changelog's bookkeeping in
+// a partition's own Pebble); this package writes exactly one key of it,
+// AppliedSeqKey, and only when a Durable is set (Options.Durable). No
+// other keyspace may take 0xF0, and a write-set read back from a changelog
+// may not touch it (partition.ValidateWriteSet refuses it).
 //
 // Meta sub-keyspaces: 0x01 format version, 0x03 | T tenant registry,
 // 0x04 | T | request_id request receipts, 0x05 | stream (length byte +
@@ -247,6 +254,15 @@ func TenantRegistryRange() (lower, upper []byte) {
 }
 
 func formatKey() []byte { return []byte{ksMeta, metaFormat} }
+
+// ksPartition is the keyspace package partition reserves (see the table).
+const ksPartition byte = 0xF0
+
+// AppliedSeqKey is the key holding the changelog sequence a store reflects,
+// an 8-byte big-endian integer: partition.AppliedKey, repeated here so
+// that storage never imports partition (app checks at startup, and a test
+// in app checks, that the two are the same bytes).
+func AppliedSeqKey() []byte { return []byte{ksPartition, 0x01} }
 
 // TenantRange bounds every key of one tenant in one keyspace (used by
 // isolation tests and tools).

@@ -45,6 +45,13 @@ type Options struct {
 	// how long it waited in the lane and how long it ran (metrics: a small
 	// request's wait behind a super-node cascade shows here).
 	OnWriterTask func(lane Lane, wait, run time.Duration)
+	// Durable, when set, receives every batch's write-set before the local
+	// commit, and the local commit then skips fsync (durable.go). Nil: the
+	// local commit is fsynced and is the only copy (today's behaviour).
+	Durable Durable
+	// DurableTimeout bounds one Durable.Append (DefaultDurableTimeout when
+	// 0); past it the store stops (durable.go).
+	DurableTimeout time.Duration
 	// OnTxnRead, a test signal, is called before every read a transaction
 	// makes (Update). It may block: interleaving tests hold a decision
 	// between two of its reads with it and check that nothing commits
@@ -89,6 +96,10 @@ type Store struct {
 	diskLast uint64
 	diskErr  error
 
+	durable        Durable
+	durableTimeout time.Duration
+	db             *pebble.DB // OpenStore's Pebble (checkpoints); nil for OpenEngine
+
 	failures    atomic.Int64 // consecutive failed durable commits
 	lastFailure atomic.Pointer[string]
 }
@@ -123,6 +134,7 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.stalls = pe.Stalls()
+	s.db = pe.DB
 	s.dir, s.fs = dir, opts.FS
 	if s.fs == nil {
 		s.fs = vfs.Default
@@ -153,6 +165,11 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 		diskFree:  opts.DiskFree,
 		fatal:     fatal,
 		onTxnRead: opts.OnTxnRead,
+		durable:   opts.Durable,
+	}
+	s.durableTimeout = opts.DurableTimeout
+	if s.durableTimeout <= 0 {
+		s.durableTimeout = DefaultDurableTimeout
 	}
 	if err := s.checkFormat(); err != nil {
 		return nil, err
@@ -345,14 +362,20 @@ func (s *Store) Reader() pebble.Reader { return s.eng }
 // NewBatch returns an empty write batch for CommitBatch.
 func (s *Store) NewBatch(opts ...pebble.BatchOption) *pebble.Batch { return s.eng.NewBatch(opts...) }
 
-// commit makes b durable. It runs on the writer only (writer.go).
+// commit makes b durable. It runs on the writer only (writer.go). With a
+// Durable set, durable means "in the changelog" (durable.go); otherwise an
+// fsynced local commit.
 func (s *Store) commit(b *pebble.Batch) error {
 	if s.closed.Load() {
 		return fmt.Errorf("%w: store closed", ErrStorage)
 	}
 	start := time.Now()
 	err := s.checkDisk()
-	if err == nil {
+	switch {
+	case err != nil:
+	case s.durable != nil:
+		err = s.commitDurable(b)
+	default:
 		err = s.eng.Commit(b)
 		if err != nil {
 			err = fmt.Errorf("%w: durable commit of %d ops: %w", ErrStorage, b.Count(), err)

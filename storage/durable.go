@@ -1,0 +1,89 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Durable makes a write-set durable somewhere other than this disk: a
+// replicated changelog (package partition implements it on JetStream;
+// storage never imports partition, nor NATS).
+//
+// When Options.Durable is set, the one place batches become durable
+// (Store.commit, on the writer) does, for every batch b:
+//
+//	seq, err := Append(ctx, b.Repr())    the write-set, without the marker
+//	b.Set(AppliedSeqKey(), seq)          the position, in the same batch
+//	commit b locally, without fsync      the changelog holds it
+//
+// Invariant (log first): no batch is visible in this store, so no result
+// built from it is published and no request acked (those happen after
+// commit returns: Update's and CommitBatch's callers), before its
+// write-set is in the changelog. A crash after Append and before the local
+// commit loses nothing: the next start replays the changelog from the
+// store's applied sequence.
+//
+// Invariant (a failed Append is terminal): an Append error means another
+// writer owns the changelog (fenced) or that the write-set may or may not
+// be in it (unknown outcome). Either way this store's state may differ from
+// the log's, so it stops: the batch is not committed, the error (wrapping
+// ErrFatal and ErrStorage) is recorded as the store's fatal error (Fatal
+// closes), and every later commit is refused. The worker exits on it and
+// its supervisor restarts it; the next start replays the log, which settles
+// an unknown outcome. A local commit that fails after a successful Append is
+// terminal for the same reason: the log holds a write-set this store does
+// not, and a retry would compute a second, different one.
+type Durable interface {
+	// Append makes writeSet durable and returns the sequence to record with
+	// it. It must not keep writeSet after returning.
+	Append(ctx context.Context, writeSet []byte) (seq uint64, err error)
+}
+
+// DefaultDurableTimeout bounds one Append when Options.DurableTimeout is 0:
+// above a JetStream leader election (a few seconds), below the consumer's
+// AckWait (30 s), so a stalled changelog ends the process (and its
+// in-flight requests are redelivered) rather than stalling the writer.
+const DefaultDurableTimeout = 20 * time.Second
+
+// commitDurable is commit's path when a Durable is set. Its errors other
+// than a refused Append before anything was sent are all terminal.
+func (s *Store) commitDurable(b *pebble.Batch) error {
+	if err := s.FatalErr(); err != nil {
+		return fmt.Errorf("%w: store stopped: %w", ErrStorage, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.durableTimeout)
+	// The repr is taken before the applied marker is added: the changelog
+	// carries the write-set only; a reader adds its own marker (ApplyTo).
+	seq, err := s.durable.Append(ctx, b.Repr())
+	cancel()
+	if err != nil {
+		return s.stop(fmt.Errorf("%w: %w: changelog append of %d ops refused or unconfirmed; this store stops answering: %w",
+			ErrFatal, ErrStorage, b.Count(), err))
+	}
+	if err := b.Set(AppliedSeqKey(), binary.BigEndian.AppendUint64(nil, seq), nil); err != nil {
+		return s.stop(fmt.Errorf("%w: %w: mark applied sequence %d: %w", ErrFatal, ErrStorage, seq, err))
+	}
+	if err := s.eng.CommitNoSync(b); err != nil {
+		return s.stop(fmt.Errorf("%w: %w: local commit of changelog sequence %d (%d ops) failed after the changelog stored it: %w",
+			ErrFatal, ErrStorage, seq, b.Count(), err))
+	}
+	return nil
+}
+
+// stop records err as the store's fatal error and returns it.
+func (s *Store) stop(err error) error {
+	s.log.Error("store stopped: a restart replays the changelog", "err", err)
+	s.fatal.fail(err)
+	return err
+}
+
+// DB returns the Pebble database under the store (checkpoints), or nil
+// for a store opened over another engine (OpenEngine).
+func (s *Store) DB() *pebble.DB { return s.db }
+
+// Durable reports whether the store commits through a Durable.
+func (s *Store) Durable() bool { return s.durable != nil }
