@@ -75,6 +75,11 @@ type App struct {
 	nc      *nats.Conn
 	worker  *queue.Worker
 	reaper  *reaper.Service
+	// changelog is nil with --changelog off (changelog.go).
+	changelog *changelog
+	// startPhase says what startup is doing while the store is not open
+	// (readiness).
+	startPhase atomic.Pointer[string]
 
 	httpLn, apiLn net.Listener
 	servers       []*http.Server
@@ -133,6 +138,9 @@ func (a *App) Ready() (bool, []string) {
 	var why []string
 	if !a.storeOpen.Load() {
 		why = append(why, "store: not open")
+		if p := a.startPhase.Load(); p != nil {
+			why = append(why, *p)
+		}
 	}
 	if a.nc == nil || !a.nc.IsConnected() {
 		why = append(why, "nats: not connected")
@@ -202,6 +210,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 
+	sizes := storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20}
+	var durable storage.Durable
+	if cfg.Changelog == ChangelogJetStream {
+		// The changelog needs NATS before the store opens: the store is
+		// rebuilt from it (restore, replay) and then commits through it.
+		if err := a.connect(); err != nil {
+			return err
+		}
+		phase := "changelog: restoring and replaying before serving"
+		a.startPhase.Store(&phase)
+		cl, err := a.openChangelog(ctx)
+		if err != nil || cl == nil {
+			return err // nil: ctx ended first
+		}
+		if err := cl.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), sizes); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		a.changelog, durable = cl, cl.cl
+	}
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
 		OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
@@ -211,7 +241,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 		},
 		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
-		Sizes: storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20},
+		Sizes: sizes, Durable: durable,
 	})
 	if err != nil {
 		return err
@@ -232,9 +262,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	for _, fn := range a.onStoreOpen {
 		fn()
 	}
+	if a.changelog != nil {
+		if st.DB() == nil {
+			return errors.New("changelog: the store has no Pebble database to checkpoint")
+		}
+		if err := a.changelog.start(st.DB()); err != nil {
+			return fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+	}
 
-	if err := a.connect(); err != nil {
-		return err
+	if a.nc == nil {
+		if err := a.connect(); err != nil {
+			return err
+		}
 	}
 	qcfg := queue.Config{
 		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
@@ -695,6 +735,10 @@ func (a *App) close() error {
 			handlersDone = false
 			a.log.Error("HTTP handlers still running past the shutdown bound; the store is left open for the process exit to release", "handlers", a.inflight.count())
 		}
+	}
+	if a.changelog != nil {
+		// Before the store closes: a checkpoint running reads it.
+		a.changelog.stopCheckpoints(!fatal)
 	}
 	if a.reaper != nil && !fatal {
 		// Appliers stop between chunks; their journals stay durable. The

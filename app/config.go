@@ -62,6 +62,13 @@ type Config struct {
 	CacheMB              int
 	MemTableMB           int
 	Hostname             string
+	// The changelog (issue 21, step A; changelog.go): --changelog off or
+	// jetstream, its stream's replicas (0: --stream-replicas), the cron
+	// spec of checkpoints and how many are kept.
+	Changelog          string
+	ChangelogReplicas  int
+	CheckpointSchedule string
+	CheckpointsKeep    int
 }
 
 // ErrUsage marks a configuration error: the process exits 2 with usage.
@@ -164,6 +171,7 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "OTLP/HTTP collector URL (http://host:4318) for traces; empty reads OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off")
 	fs.BoolVar(&c.SecureDeleteRequests, "secure-delete-requests", false, "overwrite each handled request in the request stream's files before acking it (no request's bytes linger there; about 300 requests/s)")
 	fs.IntVar(&c.MinFreeDiskMB, "min-free-disk-mb", 128, "disk-space reserve: writes are refused (and retried) while less is free; 0 disables")
+	registerChangelog(fs, c)
 }
 
 // EnvName is the environment variable of a flag: TELHA_ + its name in
@@ -274,6 +282,7 @@ func (c *Config) validate() []error {
 	if c.HTTPAddr == "" {
 		bad("--http-addr must not be empty")
 	}
+	errs = append(errs, c.validateChangelog()...)
 	switch {
 	case c.Auth != "auto" && c.Auth != "tokens" && c.Auth != "off":
 		bad("--auth must be auto, tokens or off, got %q", c.Auth)

@@ -1,0 +1,491 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/robfig/cron/v3"
+	"github.com/telha/telha-cascade/partition"
+	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// The changelog, step A of issue 21: "lose a pod's disk, lose nothing" for
+// the static --partition-owner i/N layout.
+//
+// With --changelog jetstream, the replica's store (every partition of its
+// owner slice, one Pebble) is backed by one changelog:
+//
+//	stream   TELHA_LOG_STATIC<N>_<i>     subject telha.static<N>.log.<i>
+//	bucket   TELHA_CKPT_STATIC<N>        objects partition-<i>/seq-<020d>.tar
+//
+// "STATIC<N>" names the layout: the owner slice i of N is this step's
+// "partition". A later per-partition layout uses TELHA_LOG_<p> and
+// TELHA_CKPT, so the two never collide, and a migration can restore the
+// static slice's newest checkpoint, replay its log, and re-append the
+// result per partition. A change of N starts new logs (and the store
+// re-seeds them: see prepare).
+//
+// Start (prepare, before the store is served; /readyz says "changelog"):
+//
+//	inspect the local Pebble: empty? applied sequence? which log?
+//	  empty, or stale below the log's purge ── restore the newest
+//	                                           checkpoint, inspect again
+//	  data, no log yet, the log empty ──────── seed: attach, checkpoint at 0
+//	  data of another log, this log empty ──── re-seed (the log was lost)
+//	  data of another log, this log not empty  refuse (an operator decides)
+//	replay applied+1 .. the log's end (ApplyTo, one batch per write-set)
+//	claim: append a marker write-set ──────── fences the previous writer now
+//	open the store with the changelog as its Durable (storage/durable.go)
+//
+// The TxClock of the store opened after the replay starts above every tx
+// in the replayed data: the store derives its high-water mark from its
+// tx-index and journal keys (Store.readHWM), which the write-sets carry.
+
+// Changelog modes of --changelog.
+const (
+	ChangelogOff       = "off"
+	ChangelogJetStream = "jetstream"
+)
+
+func registerChangelog(fs *flag.FlagSet, c *Config) {
+	fs.StringVar(&c.Changelog, "changelog", ChangelogOff, "off: the local Pebble is the only copy of this replica's data (every commit fsynced); "+
+		"jetstream: every committed batch is first appended to a replicated JetStream stream (TELHA_LOG_STATIC<N>_<i>) and only then committed locally, "+
+		"without fsync; checkpoints go to the Object Store bucket TELHA_CKPT_STATIC<N>; a replica that starts on an empty or lost disk restores "+
+		"the newest checkpoint and replays the changelog before it serves. Erased data stays in the changelog and checkpoints (not yet scrubbed there)")
+	fs.IntVar(&c.ChangelogReplicas, "changelog-replicas", 0, "replicas of the changelog stream and the checkpoint bucket (0: --stream-replicas; 3 on a JetStream cluster)")
+	fs.StringVar(&c.CheckpointSchedule, "checkpoint-schedule", "@every 10m", "cron spec of checkpoints with --changelog jetstream (5 fields, or a descriptor such as @every 10m); "+
+		"a restore replays the changelog written since the newest one")
+	fs.IntVar(&c.CheckpointsKeep, "checkpoints-keep", 2, "checkpoints kept with --changelog jetstream; the changelog is purged below the oldest one kept")
+}
+
+func (c *Config) validateChangelog() []error {
+	var errs []error
+	if c.Changelog != ChangelogOff && c.Changelog != ChangelogJetStream {
+		errs = append(errs, fmt.Errorf("--changelog must be off or jetstream, got %q", c.Changelog))
+	}
+	if c.ChangelogReplicas < 0 || c.ChangelogReplicas > 5 {
+		errs = append(errs, fmt.Errorf("--changelog-replicas must be between 0 (--stream-replicas) and 5, got %d", c.ChangelogReplicas))
+	}
+	if _, err := reaper.ParseSchedule(c.CheckpointSchedule); err != nil {
+		errs = append(errs, fmt.Errorf("--checkpoint-schedule %q: %v", c.CheckpointSchedule, err))
+	}
+	if c.CheckpointsKeep < 1 {
+		errs = append(errs, fmt.Errorf("--checkpoints-keep must be at least 1, got %d", c.CheckpointsKeep))
+	}
+	return errs
+}
+
+// changelogReplicas is --changelog-replicas, defaulted to --stream-replicas.
+func (c *Config) changelogReplicas() int {
+	if c.ChangelogReplicas > 0 {
+		return c.ChangelogReplicas
+	}
+	return c.StreamReplicas
+}
+
+// changelogConfig names this replica's changelog (see the file comment).
+func (c *Config) changelogConfig() partition.Config {
+	return partition.Config{
+		Partition:     c.Owner.Index,
+		StreamPrefix:  fmt.Sprintf("TELHA_LOG_STATIC%d", c.Owner.Count),
+		SubjectPrefix: fmt.Sprintf("telha.static%d", c.Owner.Count),
+		Replicas:      c.changelogReplicas(),
+	}
+}
+
+// checkpointConfig names this replica's checkpoint bucket.
+func (c *Config) checkpointConfig() partition.CheckpointConfig {
+	return partition.CheckpointConfig{Bucket: fmt.Sprintf("TELHA_CKPT_STATIC%d", c.Owner.Count), Replicas: c.changelogReplicas()}
+}
+
+// ChangelogStatus is what this replica knows of its changelog: how it
+// started, and its checkpoints since. The metrics package is another
+// engineer's; until it carries these, they are logged and kept here.
+type ChangelogStatus struct {
+	Mode      string // off or jetstream
+	Stream    string
+	Subject   string
+	Bucket    string
+	Partition int // the owner slice index i; the checkpoint objects' partition number
+	LogID     string
+
+	// Start.
+	Restored    bool   // a checkpoint was restored
+	RestoredSeq uint64 // its sequence
+	Seeded      bool   // the local data seeded the log (an upgrade, or a lost log)
+	Discarded   bool   // the local store was stale below the log's purge and replaced
+	ReplayFrom  uint64 // the first sequence replayed
+	Replayed    int    // write-sets replayed
+	ClaimSeq    uint64 // the sequence of this process's claim marker
+	StartTook   time.Duration
+
+	// Checkpoints.
+	Checkpoints    int // taken by this process
+	LastCheckpoint partition.CheckpointInfo
+	LastAt         time.Time
+	LastErr        string
+	PurgedBelow    uint64
+}
+
+// changelog is the running changelog of a replica.
+type changelog struct {
+	cfg  Config
+	log  *slog.Logger
+	js   jetstream.JetStream
+	cl   *partition.Changelog
+	obs  jetstream.ObjectStore
+	part int
+
+	mu     sync.Mutex // one checkpoint at a time; guards status
+	status ChangelogStatus
+	db     atomic.Pointer[pebble.DB]
+	cron   *cron.Cron
+	ctx    context.Context
+	stop   context.CancelFunc
+}
+
+// ChangelogStatus returns the replica's changelog status (Mode "off"
+// when --changelog off).
+func (a *App) ChangelogStatus() ChangelogStatus {
+	if a.changelog == nil {
+		return ChangelogStatus{Mode: ChangelogOff}
+	}
+	a.changelog.mu.Lock()
+	defer a.changelog.mu.Unlock()
+	return a.changelog.status
+}
+
+// Checkpoint takes a checkpoint now (as the schedule does): tests, and an
+// operator's "checkpoint before maintenance".
+func (a *App) Checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
+	if a.changelog == nil {
+		return partition.CheckpointInfo{}, errors.New("--changelog off: no checkpoints")
+	}
+	return a.changelog.checkpoint(ctx)
+}
+
+// openChangelog opens the changelog stream and the checkpoint bucket,
+// retrying while NATS is unreachable (an external cluster may start after
+// the worker). It returns nil, nil when ctx ends first.
+func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
+	js, err := jetstream.New(a.nc)
+	if err != nil {
+		return nil, fmt.Errorf("changelog: %w", err)
+	}
+	pc, cc := a.cfg.changelogConfig(), a.cfg.checkpointConfig()
+	delay := 500 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		cl, err := partition.Open(octx, js, pc)
+		var obs jetstream.ObjectStore
+		if err == nil {
+			obs, err = partition.OpenCheckpoints(octx, js, cc)
+		}
+		cancel()
+		if err == nil {
+			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition}
+			c.status = ChangelogStatus{Mode: ChangelogJetStream, Stream: cl.Config().StreamName(), Subject: cl.Config().Subject(),
+				Bucket: cc.Bucket, Partition: pc.Partition}
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		a.log.Warn("opening the changelog failed; retrying", "stream", pc.StreamName(), "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// logIdentity is the identity of the changelog stream as it exists now:
+// its name and creation time (a stream deleted and created again is
+// another log), with its first and last sequences.
+func (c *changelog) logIdentity(ctx context.Context) (id string, first, last uint64, err error) {
+	s, err := c.js.Stream(ctx, c.status.Stream)
+	if err != nil {
+		return "", 0, 0, fmt.Errorf("changelog %s: %w", c.status.Stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", 0, 0, fmt.Errorf("changelog %s: %w", c.status.Stream, err)
+	}
+	return c.status.Stream + "@" + info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
+}
+
+// errChangelogConflict: the local store and the changelog disagree in a
+// way only an operator can settle. The worker exits (not a usage error).
+var errChangelogConflict = errors.New("changelog conflict")
+
+// prepare brings the Pebble in dir up to the changelog's end before the
+// store opens on it, and fences any earlier writer (see the file comment).
+// A Pebble fatal error here panics (OpenPebble without a handler): the
+// supervisor's restart tries again.
+func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes) error {
+	start := time.Now()
+	if !bytes.Equal(storage.AppliedSeqKey(), partition.AppliedKey()) {
+		return fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
+	}
+	id, first, last, err := c.logIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	c.status.LogID = id
+	restored := false
+	var db *pebble.DB
+	closeDB := func() error {
+		if db == nil {
+			return nil
+		}
+		err := db.Close()
+		db = nil
+		return err
+	}
+	defer closeDB()
+	for {
+		pe, err := storage.OpenPebble(dir, nil, nil, nil, nil, sizes)
+		if err != nil {
+			return err
+		}
+		db = pe.DB
+		empty, err := isEmpty(db)
+		if err != nil {
+			return err
+		}
+		applied, err := partition.AppliedSeq(db)
+		if err != nil {
+			return err
+		}
+		lid, attached, err := partition.LogID(db)
+		if err != nil {
+			return err
+		}
+		stale := attached && lid == id && first > 1 && applied+1 < first
+		if (empty || stale) && !restored {
+			if stale {
+				c.log.Info("changelog: the local store is older than the changelog's purge; replacing it from the newest checkpoint",
+					"applied", applied, "log_first", first)
+				c.status.Discarded = true
+			}
+			if err := closeDB(); err != nil {
+				return err
+			}
+			seq, err := c.restore(ctx, dir)
+			switch {
+			case errors.Is(err, partition.ErrNoCheckpoint) && empty:
+				// Nothing to restore: the whole log replays onto an empty store.
+			case errors.Is(err, partition.ErrNoCheckpoint):
+				return fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and %s holds no checkpoint to bridge the gap",
+					errChangelogConflict, dir, applied, c.status.Stream, first, c.status.Bucket)
+			case err != nil:
+				return err
+			default:
+				c.status.Restored, c.status.RestoredSeq = true, seq
+			}
+			restored = true
+			continue // inspect what the restore left
+		}
+		switch {
+		case empty:
+			if first > 1 {
+				return fmt.Errorf("%w: the changelog %s starts at sequence %d (purged below) and %s holds no checkpoint: this replica's data cannot be rebuilt",
+					errChangelogConflict, c.status.Stream, first, c.status.Bucket)
+			}
+			if err := partition.AttachLog(db, id, 0); err != nil {
+				return err
+			}
+		case !attached && last == 0, attached && lid != id && last == 0:
+			// An upgrade (data written with --changelog off), or a store whose
+			// log is gone (deleted, another N, a NATS without its data): the
+			// local data is the only copy, so it seeds the new log.
+			c.log.Info("changelog: seeding the changelog from the local store (checkpoint at sequence 0)",
+				"stream", c.status.Stream, "previous_log", lid)
+			if err := partition.AttachLog(db, id, 0); err != nil {
+				return err
+			}
+			// Checkpoints of a previous log count in its sequences, not the
+			// new one's: one of them restored (it would be the newest) would
+			// skip the new log's first write-sets.
+			if err := c.dropCheckpoints(ctx); err != nil {
+				return err
+			}
+			info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+			if err != nil {
+				return fmt.Errorf("changelog: seed checkpoint: %w", err)
+			}
+			c.status.Seeded = true
+			c.log.Info("changelog: seeded", "checkpoint", info.Name, "bytes", info.Size)
+		case !attached:
+			return fmt.Errorf("%w: %s holds data that is in no changelog (written with --changelog off?) while the changelog %s already holds %d write-sets; "+
+				"to keep the local data, delete the stream %s (and the checkpoints partition-%d/ in %s) so it seeds a new one; to keep the changelog's, move %s aside",
+				errChangelogConflict, dir, c.status.Stream, last, c.status.Stream, c.part, c.status.Bucket, dir)
+		case lid != id:
+			return fmt.Errorf("%w: %s follows the changelog %s, but NATS holds %s with %d write-sets; "+
+				"to keep the local data, delete the stream %s so it seeds a new one; to keep the changelog's, move %s aside",
+				errChangelogConflict, dir, lid, id, last, c.status.Stream, dir)
+		case applied > last:
+			return fmt.Errorf("%w: %s has applied sequence %d but the changelog %s ends at %d: the changelog lost acknowledged write-sets "+
+				"(a NATS server lost its unsynced tail?); this replica refuses to fork it. Move %s aside to serve the changelog's state, "+
+				"or delete the stream to re-seed it from this disk",
+				errChangelogConflict, dir, applied, c.status.Stream, last, dir)
+		case first > 1 && applied+1 < first:
+			return fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and the newest checkpoint does not bridge the gap",
+				errChangelogConflict, dir, applied, c.status.Stream, first)
+		}
+		applied, err = partition.AppliedSeq(db)
+		if err != nil {
+			return err
+		}
+		c.status.ReplayFrom = applied + 1
+		err = c.cl.Replay(ctx, applied+1, func(seq uint64, ws []byte) error {
+			c.status.Replayed++
+			return partition.ApplyTo(db, seq, ws, false)
+		})
+		if err != nil {
+			return fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
+		}
+		// The claim: a write-set of log data only (no key), appended now so
+		// that a previous writer still running (a zombie) is fenced at once
+		// rather than at our first request.
+		claim := db.NewBatch()
+		host, _ := os.Hostname()
+		_ = claim.LogData([]byte(fmt.Sprintf("telha claim host=%s pid=%d at=%s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))), nil)
+		ws := bytes.Clone(claim.Repr())
+		_ = claim.Close()
+		seq, err := c.cl.Append(ctx, ws)
+		if err != nil {
+			return fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
+		}
+		if err := partition.ApplyTo(db, seq, ws, true); err != nil {
+			return fmt.Errorf("changelog: claim: %w", err)
+		}
+		c.status.ClaimSeq = seq
+		c.status.StartTook = time.Since(start)
+		c.log.Info("changelog: caught up", "stream", c.status.Stream, "restored", c.status.Restored, "restored_seq", c.status.RestoredSeq,
+			"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "took", c.status.StartTook)
+		return closeDB()
+	}
+}
+
+// restore replaces dir by the newest checkpoint.
+func (c *changelog) restore(ctx context.Context, dir string) (uint64, error) {
+	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil {
+		return 0, err
+	}
+	if len(cps) == 0 {
+		return 0, partition.ErrNoCheckpoint
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return 0, fmt.Errorf("changelog: clear %s for the restore: %w", dir, err)
+	}
+	t0 := time.Now()
+	seq, err := partition.Restore(ctx, c.obs, c.part, dir)
+	if err != nil {
+		return 0, err
+	}
+	c.log.Info("changelog: restored a checkpoint", "seq", seq, "name", cps[len(cps)-1].Name, "took", time.Since(t0))
+	return seq, nil
+}
+
+// dropCheckpoints deletes every checkpoint of this replica's slice.
+func (c *changelog) dropCheckpoints(ctx context.Context) error {
+	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil {
+		return err
+	}
+	for _, cp := range cps {
+		c.log.Warn("changelog: deleting a checkpoint of a previous changelog", "name", cp.Name, "seq", cp.Seq)
+		if err := c.obs.Delete(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			return fmt.Errorf("changelog: delete %s: %w", cp.Name, err)
+		}
+	}
+	return nil
+}
+
+func isEmpty(db *pebble.DB) (bool, error) {
+	it, err := db.NewIter(nil)
+	if err != nil {
+		return false, err
+	}
+	ok := it.First()
+	return !ok, errors.Join(it.Error(), it.Close())
+}
+
+// start runs checkpoints of db on the schedule until stopCheckpoints.
+func (c *changelog) start(db *pebble.DB) error {
+	c.db.Store(db)
+	sched, err := reaper.ParseSchedule(c.cfg.CheckpointSchedule)
+	if err != nil {
+		return err
+	}
+	c.ctx, c.stop = context.WithCancel(context.Background())
+	c.cron = cron.New(cron.WithLocation(time.UTC))
+	c.cron.Schedule(sched, cron.FuncJob(func() {
+		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Minute)
+		defer cancel()
+		_, _ = c.checkpoint(ctx)
+	}))
+	c.cron.Start()
+	return nil
+}
+
+// stopCheckpoints stops the schedule; wait: also wait for a checkpoint
+// that is running (not after a fatal storage error: it may never end).
+func (c *changelog) stopCheckpoints(wait bool) {
+	if c.cron == nil {
+		return
+	}
+	c.stop()
+	done := c.cron.Stop().Done()
+	if wait {
+		<-done
+	}
+}
+
+// checkpoint saves one checkpoint, prunes to --checkpoints-keep and purges
+// the changelog below the oldest kept (this step has no standbys, so the
+// floor is the checkpoints').
+func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	db := c.db.Load()
+	if db == nil {
+		return partition.CheckpointInfo{}, errors.New("changelog: store not open")
+	}
+	t0 := time.Now()
+	info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+	var floor uint64
+	if err == nil {
+		var need uint64
+		need, err = partition.Prune(ctx, c.obs, c.part, c.cfg.CheckpointsKeep)
+		if err == nil {
+			floor = partition.PurgeFloor(need)
+			err = c.cl.PurgeBelow(ctx, floor)
+		}
+	}
+	c.status.LastAt = time.Now()
+	if err != nil {
+		c.status.LastErr = err.Error()
+		c.log.Warn("changelog: checkpoint failed (the next one retries; the changelog is not purged meanwhile)", "err", err)
+		return info, err
+	}
+	c.status.Checkpoints++
+	c.status.LastCheckpoint, c.status.LastErr, c.status.PurgedBelow = info, "", floor
+	c.log.Info("changelog: checkpoint", "name", info.Name, "seq", info.Seq, "bytes", info.Size, "purged_below", floor, "took", time.Since(t0))
+	return info, nil
+}
