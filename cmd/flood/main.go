@@ -34,6 +34,7 @@ type options struct {
 	hubEdges, waits               int
 	json                          bool
 	keep                          bool
+	only                          string
 }
 
 // Flood is one flood's figures.
@@ -78,6 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.waits, "waits", 5000, "concurrent ?wait=30 reads")
 	fs.BoolVar(&o.json, "json", false, "one JSON object on stdout")
 	fs.BoolVar(&o.keep, "keep", false, "keep the worker's temp dir")
+	fs.StringVar(&o.only, "floods", "ops,deep,waits", "the floods to run, in order")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -309,7 +311,12 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 		return nil, err
 	}
 	rep := &Report{GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
-	for _, f := range []func(context.Context, *options, *worker, jetstream.JetStream, io.Writer) (Flood, error){floodOps, floodDeep, floodWaits} {
+	all := map[string]func(context.Context, *options, *worker, jetstream.JetStream, io.Writer) (Flood, error){"ops": floodOps, "deep": floodDeep, "waits": floodWaits}
+	for _, name := range strings.Split(o.only, ",") {
+		f, ok := all[strings.TrimSpace(name)]
+		if !ok {
+			return rep, fmt.Errorf("--floods: no flood %q (ops, deep, waits)", name)
+		}
 		fl, err := f(ctx, o, w, js, stderr)
 		if err == nil {
 			err = w.alive()
