@@ -399,3 +399,24 @@ func TestHarmDeadLetterResultLostLoudly(t *testing.T) {
 		return strings.Contains(body, `telha_dead_letter_result_failures_total{reason="invalid"} 1`)
 	})
 }
+
+// TestHarmNilUUIDAndUnholdableNumbers (item 23): the nil UUID as an id and
+// a props number a double cannot hold are dead-lettered as invalid, with
+// a clear reason.
+func TestHarmNilUUIDAndUnholdableNumbers(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	for rid, c := range map[string]struct{ body, want string }{
+		"nil-id":  {`{"request_id":"nil-id","op":"put_node","tenant":"v","id":"00000000-0000-0000-0000-000000000000"}`, "nil UUID"},
+		"nil-src": {`{"request_id":"nil-src","op":"put_edge","tenant":"v","id":"` + uuid.NewString() + `","src":"00000000-0000-0000-0000-000000000000","dst":"` + uuid.NewString() + `"}`, "nil UUID"},
+		"big-num": {`{"request_id":"big-num","op":"put_node","tenant":"v","id":"` + uuid.NewString() + `","props":{"x":1e400}}`, "range of a double"},
+		"big-int": {`{"request_id":"big-int","op":"put_node","tenant":"v","id":"` + uuid.NewString() + `","props":{"x":123456789012345678901234567890}}`, "2^53"},
+	} {
+		b.sendRaw("telha.req.v", []byte(c.body), "")
+		if r := b.wait(rid); r.Status != queue.StatusInvalid || !strings.Contains(r.Error, c.want) {
+			t.Errorf("%s: %+v, want invalid (%s)", rid, r, c.want)
+		}
+	}
+	testnats.Eventually(t, 10*time.Second, "four dead letters", func() bool { return len(b.deadLetters()) == 4 })
+}

@@ -61,9 +61,18 @@ type Config struct {
 	AckWait time.Duration
 	// MaxAckPending of the consumer. Default 4096.
 	MaxAckPending int
-	// Buffer is how many messages the client buffers (PullMaxMessages).
-	// Default 1024.
+	// Buffer is how many messages wait between the consumer and the
+	// groups being formed. Default 1024.
 	Buffer int
+	// BufferBytes bounds the request bytes the worker holds at once: what
+	// the client pulls ahead (PullMaxBytes) and, separately, what waits
+	// for or is in a group until that group is finished. A flood of large
+	// messages therefore costs the worker at most about twice this, not
+	// Buffer times the largest message (a 1,000-message flood of 200 KB
+	// bodies held 815 MB before, docs/RELIABILITY.md). One message larger
+	// than the budget is still taken when nothing else is held. Default
+	// 16 MiB.
+	BufferBytes int
 	// GroupMax bounds a group (one durable batch). Default 512.
 	GroupMax int
 	// GroupWait is how long a group waits for more messages after its
@@ -131,6 +140,7 @@ func (c Config) Defaults() Config {
 	defI(&c.MaxDeliver, 5)
 	defI(&c.MaxAckPending, 4096)
 	defI(&c.Buffer, 1024)
+	defI(&c.BufferBytes, 16<<20)
 	defI(&c.GroupMax, 512)
 	if c.Owner.Count == 0 {
 		c.Owner = Owner{Index: 0, Count: 1}

@@ -11,7 +11,15 @@
 // after its effect (and receipt) is durable and its result has been accepted
 // by the results stream, or, for a journaled cascade, once the journal (the
 // commit point) is durable; the result then comes from the outbox. A message
-// is terminated only after its copy is safe in TELHA_DLQ.
+// is terminated only after its copy is safe in TELHA_DLQ and its result is
+// stored (or, loudly, on its last delivery).
+//
+// No tenant's input reaches another tenant or the worker's own state
+// unbounded: TELHA_REQ keeps no duplicate window (it sources the sealed
+// TELHA_REQ_NODEDUP so the server allows that); results and dead letters
+// go to the token the publisher used (AnswerToken); result ids name the
+// answer (ResultMsgID); headers and echoes are cut (bounds.go); metric
+// labels come from fixed sets.
 //
 // What it must not do: decide graph semantics (cascade and storage do),
 // build storage keys, or serve HTTP.

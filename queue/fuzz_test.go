@@ -27,6 +27,10 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"request_id":"r","op":"put_node","tenant":"a","id":"`+tID+`","props":`+strings.Repeat("[", 40)+strings.Repeat("]", 40)+`}`), "a")
 	f.Add([]byte(`{"request_id":"r","op":"tombstone_node","tenant":"*","id":"`+tID+`"}`), "*")
 	f.Add([]byte(`{"Request_Id":"r","OP":"tombstone_node","tenant":"a","id":"`+tID+`","op":"put_node"}`), "a")
+	// Issue 20: the nil UUID, and numbers a double cannot hold.
+	f.Add([]byte(body("put_edge", "src", uuid.Nil.String())), "acme")
+	f.Add([]byte(body("put_node", "props", json.RawMessage(`{"a":1e400,"b":[-123456789012345678901234567890,1.5e-7]}`))), "acme")
+	f.Add([]byte(body("put_node", "props", json.RawMessage(`{"a":9007199254740991,"b":"1e400","c":-0.0}`))), "acme")
 	f.Fuzz(func(t *testing.T, data []byte, subjectTenant string) {
 		req, rej := DecodeRequest(data, subjectTenant)
 		if rej != nil {
@@ -77,6 +81,9 @@ func checkReject(t *testing.T, rej *Reject) {
 
 func checkRequest(t *testing.T, data []byte, subjectTenant string, r *cascade.Request) {
 	t.Helper()
+	if r.ID == uuid.Nil || (r.Op == storage.OpPutEdge && (r.Src == uuid.Nil || r.Dst == uuid.Nil)) {
+		t.Fatalf("accepted the nil UUID: %+v", r)
+	}
 	if len(data) > MaxMessageBytes || !utf8.Valid(data) {
 		t.Fatalf("accepted a message of %d bytes (valid UTF-8: %v)", len(data), utf8.Valid(data))
 	}

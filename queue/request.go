@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -318,7 +320,8 @@ func validRequestID(s string) bool {
 	return true
 }
 
-// ParseUUID accepts only the canonical 36-character form.
+// ParseUUID accepts only the canonical 36-character form, and not the nil
+// UUID.
 func ParseUUID(field, s string) (uuid.UUID, error) {
 	if len(s) != 36 {
 		return uuid.Nil, fmt.Errorf("%s %s is not a UUID (want 8-4-4-4-12 hex digits)", field, storage.QuoteShort(s))
@@ -326,6 +329,11 @@ func ParseUUID(field, s string) (uuid.UUID, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("%s %s is not a UUID: %v", field, storage.QuoteShort(s), err)
+	}
+	if u == uuid.Nil {
+		// The zero value of every id in the code: as an id it could only
+		// ever mean "not set" (issue 20).
+		return uuid.Nil, fmt.Errorf("%s is the nil UUID %s, which names nothing", field, s)
 	}
 	return u, nil
 }
@@ -464,7 +472,9 @@ func checkProps(raw json.RawMessage) ([]byte, error) {
 		return nil, fmt.Errorf("must be a JSON object")
 	}
 	depth, maxDepth, inStr, esc := 0, 0, false, false
-	for _, c := range t {
+	var numErr error
+	for i := 0; i < len(t); i++ {
+		c := t[i]
 		switch {
 		case esc:
 			esc = false
@@ -478,10 +488,22 @@ func checkProps(raw json.RawMessage) ([]byte, error) {
 			maxDepth = max(maxDepth, depth)
 		case c == '}' || c == ']':
 			depth--
+		case c == '-' || (c >= '0' && c <= '9'):
+			j := i + 1
+			for j < len(t) && strings.IndexByte("0123456789.eE+-", t[j]) >= 0 {
+				j++
+			}
+			if numErr == nil {
+				numErr = checkNumber(string(t[i:j]))
+			}
+			i = j - 1
 		}
 	}
 	if maxDepth > MaxPropsDepth {
 		return nil, fmt.Errorf("nested %d deep, over the limit of %d", maxDepth, MaxPropsDepth)
+	}
+	if numErr != nil {
+		return nil, numErr
 	}
 	var b bytes.Buffer
 	if err := json.Compact(&b, t); err != nil {
@@ -524,6 +546,41 @@ func originalSubject(prefix, stored string) string {
 		return prefix + ".req." + tok
 	}
 	return stored
+}
+
+// maxSafeInteger is 2^53-1, the largest integer every reader of JSON
+// numbers as doubles tells from its neighbours (RFC 7493 §2.2).
+const maxSafeInteger = 1<<53 - 1
+
+// checkNumber accepts a JSON number of props (a valid literal) only when a
+// double holds it: I-JSON (RFC 7493 §2.2). Out of range (1e400) or
+// rounding to zero (1e-400), an integer beyond ±(2^53-1), or more
+// significant digits than a double keeps (17) is refused: readers that
+// parse numbers as doubles (JavaScript, Go's any, most JSON libraries)
+// would read another value than the one stored, or fail to read the props
+// at all. A number that must be kept exactly goes in a string.
+func checkNumber(lit string) error {
+	f, err := strconv.ParseFloat(lit, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return fmt.Errorf("number %s is outside the range of a double (put it in a string to keep it exactly)", storage.QuoteShort(lit))
+	}
+	mant, _, _ := strings.Cut(strings.TrimPrefix(lit, "-"), "e")
+	mant, _, _ = strings.Cut(mant, "E")
+	intPart, frac, hasFrac := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if f == 0 && digits != "" {
+		return fmt.Errorf("number %s is too small for a double: it would read as 0 (put it in a string to keep it exactly)", storage.QuoteShort(lit))
+	}
+	if !hasFrac && !strings.ContainsAny(lit, "eE") && math.Abs(f) > maxSafeInteger {
+		return fmt.Errorf("number %s is an integer beyond ±(2^53-1), which a double cannot hold exactly (put it in a string to keep it exactly)", storage.QuoteShort(lit))
+	}
+	if hasFrac || strings.ContainsAny(lit, "eE") {
+		digits = strings.TrimRight(digits, "0")
+	}
+	if len(digits) > 17 {
+		return fmt.Errorf("number %s has %d significant digits, more than a double keeps (17; put it in a string to keep it exactly)", storage.QuoteShort(lit), len(digits))
+	}
+	return nil
 }
 
 // parseSubject extracts the tenant and partition from a request subject:

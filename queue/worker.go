@@ -146,14 +146,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		inMu     sync.RWMutex
 		inClosed bool
 	)
+	// held bounds the bytes of the messages taken from the consumer and not
+	// yet finished (waiting in `in`, in a group, or being finished): the
+	// callback waits for room, which holds the consumer back.
+	held := newByteBudget(w.cfg.BufferBytes)
 	cc, err := w.cons.Consume(func(m jetstream.Msg) {
 		inMu.RLock()
 		defer inMu.RUnlock()
 		if inClosed {
 			return // redelivered after AckWait; only possible if the drain timed out
 		}
+		held.acquire(len(m.Data()))
 		in <- m
-	}, jetstream.PullMaxMessages(w.cfg.Buffer), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxBytes(w.cfg.BufferBytes), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		w.log.Warn("consume", "err", err)
 	}))
 	if err != nil {
@@ -180,6 +185,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer close(finished)
 		for g := range groups {
 			w.finish(g)
+			n := 0
+			for _, it := range g {
+				n += len(it.msg.Data())
+			}
+			held.release(n)
 		}
 	}()
 	for {
@@ -725,4 +735,36 @@ func fitDeadLetter(m *nats.Msg, maxPayload int) {
 	m.Header.Set("Telha-Original-Size", strconv.Itoa(len(m.Data)))
 	m.Header.Set("Telha-Original-Sha256", hex.EncodeToString(sum[:]))
 	m.Data = m.Data[:keep]
+}
+
+// byteBudget is a counting bound on bytes held: acquire waits until n more
+// fit under max, except that anything fits when nothing is held (a single
+// message larger than the budget must still be handled).
+type byteBudget struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	used int
+	max  int
+}
+
+func newByteBudget(max int) *byteBudget {
+	b := &byteBudget{max: max}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *byteBudget) acquire(n int) {
+	b.mu.Lock()
+	for b.used > 0 && b.used+n > b.max {
+		b.cond.Wait()
+	}
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *byteBudget) release(n int) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	b.cond.Broadcast()
 }
