@@ -609,6 +609,10 @@ func (a *App) connect() error {
 		ns, err := server.NewServer(&server.Options{
 			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
 			StoreDir: filepath.Join(a.cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
+			// With the changelog on, the local commit is not fsynced: the
+			// changelog is the durable copy, so the server must fsync it
+			// before it acks (sync_interval: always).
+			SyncAlways: a.cfg.Changelog == ChangelogJetStream,
 		})
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)

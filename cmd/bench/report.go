@@ -13,24 +13,34 @@ import (
 
 // Report is the JSON object --json prints.
 type Report struct {
-	Quick           bool         `json:"quick"`
-	Small           *SmallReport `json:"small,omitempty"`
-	Pipeline        *RateReport  `json:"pipeline,omitempty"`
-	Naive           *RateReport  `json:"naive,omitempty"`
-	Hub             *HubReport   `json:"hub,omitempty"`
-	Mixed           *MixedReport `json:"mixed,omitempty"`
-	Scaling         []ScalingRow `json:"scaling,omitempty"`
-	Erase           *EraseReport `json:"erase,omitempty"`
-	SmallVsPipeline *float64     `json:"small_vs_pipeline,omitempty"`
-	SmallVsNaive    *float64     `json:"small_vs_naive,omitempty"`
-	HubVsRaw        *float64     `json:"hub_vs_raw,omitempty"`
-	Targets         []Target     `json:"targets"`
-	Config          benchConfig  `json:"config"`
-	Machine         machine      `json:"machine"`
-	Revision        string       `json:"revision"`
-	Modified        bool         `json:"revision_modified"`
-	Date            string       `json:"date"`
-	TotalSeconds    float64      `json:"total_seconds"`
+	Quick bool         `json:"quick"`
+	Small *SmallReport `json:"small,omitempty"`
+	// SmallChangelog is the small phase again with --changelog jetstream
+	// (R1 on the bench's NATS server): issue 21's cost, side by side.
+	SmallChangelog *SmallReport `json:"small_changelog,omitempty"`
+	// SmallChangelogVsSmall is its throughput over the small phase's, and
+	// the light-load p99 ratio (issue 21 aims at >= 0.7 throughput).
+	SmallChangelogVsSmall       *float64 `json:"small_changelog_vs_small,omitempty"`
+	SmallChangelogLightP99Ratio *float64 `json:"small_changelog_light_p99_ratio,omitempty"`
+	// ChangelogBytesPerRequest is the changelog stream's bytes over the
+	// small_changelog phase's requests (warm-up, saturation, light).
+	ChangelogBytesPerRequest *float64     `json:"changelog_bytes_per_request,omitempty"`
+	Pipeline                 *RateReport  `json:"pipeline,omitempty"`
+	Naive                    *RateReport  `json:"naive,omitempty"`
+	Hub                      *HubReport   `json:"hub,omitempty"`
+	Mixed                    *MixedReport `json:"mixed,omitempty"`
+	Scaling                  []ScalingRow `json:"scaling,omitempty"`
+	Erase                    *EraseReport `json:"erase,omitempty"`
+	SmallVsPipeline          *float64     `json:"small_vs_pipeline,omitempty"`
+	SmallVsNaive             *float64     `json:"small_vs_naive,omitempty"`
+	HubVsRaw                 *float64     `json:"hub_vs_raw,omitempty"`
+	Targets                  []Target     `json:"targets"`
+	Config                   benchConfig  `json:"config"`
+	Machine                  machine      `json:"machine"`
+	Revision                 string       `json:"revision"`
+	Modified                 bool         `json:"revision_modified"`
+	Date                     string       `json:"date"`
+	TotalSeconds             float64      `json:"total_seconds"`
 }
 
 // RateReport is a throughput run.
@@ -130,6 +140,9 @@ func newReport(o *options) *Report {
 	if o.phases["small"] {
 		r.Small = &SmallReport{}
 	}
+	if o.phases["small_changelog"] {
+		r.SmallChangelog = &SmallReport{}
+	}
 	if o.phases["pipeline"] {
 		r.Pipeline = &RateReport{}
 	}
@@ -166,6 +179,11 @@ func (r *Report) finish(total time.Duration) {
 	}
 	if r.Small != nil && r.Naive != nil {
 		r.SmallVsNaive = ratio(r.Small.PerSec, r.Naive.PerSec)
+	}
+	if r.Small != nil && r.SmallChangelog != nil {
+		r.SmallChangelogVsSmall = ratio(r.SmallChangelog.PerSec, r.Small.PerSec)
+		r.SmallChangelogLightP99Ratio = ratio(r.SmallChangelog.LightP99ms, r.Small.LightP99ms)
+		add("small_changelog_vs_small", r.SmallChangelogVsSmall, false, 0.7, "issue 21: the changelog (R1) against the local-only commit path")
 	}
 	if r.Hub != nil {
 		r.HubVsRaw = ratio(r.Hub.Seconds, r.Hub.RawPebbleSeconds)
@@ -232,6 +250,13 @@ func printTable(w io.Writer, r *Report) {
 			}
 			fmt.Fprintf(tw, "small light (%d/s)\t%.0f\t%.2f\t%.2f\t%d\t%.1f\t%.2f\t%.1f\t%.2f\t%.0f%%\t%.2f (%.2f)\t%.0f\n", r.Config.LightRate, l.PerSec, l.P50ms, l.P99ms, l.Requests,
 				lw.MsgsPerCommit, lw.PutsPerMsg, lw.BytesPerPut, lw.CommitMs, 100*lw.CommitBusy, l.CPU.Process, l.CPU.Others, lp.CompactedMB)
+		}
+	}
+	if r.SmallChangelog != nil {
+		row("small, changelog R1", &r.SmallChangelog.RateReport)
+		if l := r.SmallChangelog.Light; l != nil {
+			fmt.Fprintf(tw, "small light, changelog (%d/s)\t%.0f\t%.2f\t%.2f\t%d\t\t\t\t\t\t%.2f (%.2f)\t\n", r.Config.LightRate, l.PerSec, l.P50ms, l.P99ms, l.Requests,
+				l.CPU.Process, l.CPU.Others)
 		}
 	}
 	row("pipeline (raw limit)", r.Pipeline)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/app"
 	"github.com/telha/telha-cascade/storage"
@@ -33,6 +35,16 @@ func (e countingEngine) Commit(b *pebble.Batch) error {
 	e.c.add(b)
 	t0 := time.Now()
 	err := e.Engine.Commit(b)
+	e.c.took(time.Since(t0))
+	return err
+}
+
+// CommitNoSync is the commit of a store with a changelog (no fsync: the
+// changelog holds the batch); counted the same way.
+func (e countingEngine) CommitNoSync(b *pebble.Batch) error {
+	e.c.add(b)
+	t0 := time.Now()
+	err := e.Engine.CommitNoSync(b)
 	e.c.took(time.Since(t0))
 	return err
 }
@@ -256,15 +268,21 @@ func (p *profiler) stop() error {
 // runSmall builds the graph, starts the worker, and measures warm-up (not
 // reported), saturation and light load.
 func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs *specSet, rep *Report) error {
+	return runSmallWith(ctx, o, pg, ns, dir, specs, rep.Small, "small", nil)
+}
+
+// runSmallWith is runSmall into out, under a progress label, with extra
+// worker flags (the small_changelog phase: --changelog jetstream).
+func runSmallWith(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs *specSet, out *SmallReport, label string, extra []string) error {
 	t0 := time.Now()
 	if err := buildGraph(filepath.Join(dir, "pebble"), specs.all); err != nil {
 		return fmt.Errorf("building the graph: %w", err)
 	}
-	pg.printf("small: graph of %d targets built in %s", len(specs.all), time.Since(t0).Round(10*time.Millisecond))
+	pg.printf(label+": graph of %d targets built in %s", len(specs.all), time.Since(t0).Round(10*time.Millisecond))
 
 	counter := &commitCounter{}
 	logs := &logCounter{}
-	cfg, err := app.ParseFlags([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", ns.url},
+	cfg, err := app.ParseFlags(append([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", ns.url}, extra...),
 		os.Getenv, io.Discard) // TELHA_* variables tune the worker under test
 	if err != nil {
 		return err
@@ -302,7 +320,7 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 			_ = stopWorker()
 		}
 	}()
-	pg.printf("small: worker ready (http %s)", a.HTTPAddr())
+	pg.printf(label+": worker ready (http %s)", a.HTTPAddr())
 
 	d, err := newDriver(ns.url, "telha")
 	if err != nil {
@@ -317,7 +335,7 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	runtime.GC()
 	waitIdle(o.waitIdle, runtime.NumCPU(), pg)
 	counter.reset()
-	prof, err := startProfile(o.profileDir, "small")
+	prof, err := startProfile(o.profileDir, label)
 	if err != nil {
 		return err
 	}
@@ -343,11 +361,11 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	if err != nil {
 		return fmt.Errorf("saturation run: %w", err)
 	}
-	rep.Small.fromRun(sat)
-	rep.Small.Writes = counter.stats(sat.Requests, sat.Seconds)
-	rep.Small.Pebble = pebbleDelta(pm0, pm1).withStalls(a.Store(), sm0)
-	pg.printf("small: %d requests, %.0f/s, p50 %.1f ms, p99 %.1f ms, %.1f msgs/commit, %.1f puts/msg",
-		sat.Requests, sat.PerSec, sat.P50ms, sat.P99ms, rep.Small.Writes.MsgsPerCommit, rep.Small.Writes.PutsPerMsg)
+	out.fromRun(sat)
+	out.Writes = counter.stats(sat.Requests, sat.Seconds)
+	out.Pebble = pebbleDelta(pm0, pm1).withStalls(a.Store(), sm0)
+	pg.printf(label+": %d requests, %.0f/s, p50 %.1f ms, p99 %.1f ms, %.1f msgs/commit, %.1f puts/msg",
+		sat.Requests, sat.PerSec, sat.P50ms, sat.P99ms, out.Writes.MsgsPerCommit, out.Writes.PutsPerMsg)
 
 	// Light load is measured on a quiet store: the saturation run's flushes
 	// and compactions (seconds of CPU on 2 cores) are let finish first. The
@@ -355,7 +373,7 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	waitCompactions(a.Store().Engine(), time.Minute)
 	waitIdle(o.waitIdle, runtime.NumCPU(), pg)
 	counter.reset()
-	lprof, err := startProfile(o.profileDir, "light")
+	lprof, err := startProfile(o.profileDir, label+"_light")
 	if err != nil {
 		return err
 	}
@@ -368,25 +386,25 @@ func runSmall(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	if err != nil {
 		return fmt.Errorf("light-load run: %w", err)
 	}
-	rep.Small.Light = light
-	rep.Small.LightP50ms, rep.Small.LightP99ms = light.P50ms, light.P99ms
+	out.Light = light
+	out.LightP50ms, out.LightP99ms = light.P50ms, light.P99ms
 	lw := counter.stats(light.Requests, light.Seconds)
-	rep.Small.LightWrites = &lw
+	out.LightWrites = &lw
 	lp := pebbleDelta(lm0, lm1).withStalls(a.Store(), lsm0)
-	rep.Small.LightPebble = &lp
-	pg.printf("small: light load %d/s for %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms",
+	out.LightPebble = &lp
+	pg.printf(label+": light load %d/s for %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms",
 		o.lightRate, o.lightDuration, light.P50ms, light.P99ms, light.MaxMs)
 
 	// Consumer state and worker health after the runs.
 	if info, err := consumerInfo(ctx, d.js, "TELHA_REQ", "telha-worker-0"); err == nil {
-		rep.Small.Consumer = info
+		out.Consumer = info
 	}
 	stopped = true
 	if err := stopWorker(); err != nil {
 		return fmt.Errorf("worker stopped with an error: %w", err)
 	}
 	logs.mu.Lock()
-	rep.Small.WorkerLog = workerLog{Warnings: logs.warn, Errors: logs.errs, First: logs.first}
+	out.WorkerLog = workerLog{Warnings: logs.warn, Errors: logs.errs, First: logs.first}
 	logs.mu.Unlock()
 	return nil
 }
@@ -417,4 +435,40 @@ func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name stri
 		time.Sleep(100 * time.Millisecond)
 	}
 	return &consumerState{Pending: info.NumPending, AckPending: info.NumAckPending, Redelivered: info.NumRedelivered, Delivered: info.Delivered.Consumer}, nil
+}
+
+// runSmallChangelog is the small phase with --changelog jetstream (R1, on
+// the bench's NATS server), into its own data directory: the same graph,
+// the same load, so small and small_changelog compare side by side. The
+// graph is written before the worker starts, so the worker seeds the
+// changelog with a checkpoint at sequence 0 (outside the measurement).
+func runSmallChangelog(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs *specSet, rep *Report) error {
+	err := runSmallWith(ctx, o, pg, ns, dir, specs, rep.SmallChangelog, "small_changelog",
+		[]string{"--changelog", "jetstream", "--checkpoint-schedule", "@every 1h"})
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(ns.url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	s, err := js.Stream(ctx, "TELHA_LOG_STATIC1_0")
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if n := len(specs.warm) + len(specs.sat) + len(specs.light); n > 0 {
+		v := math.Round(float64(info.State.Bytes)/float64(n)*10) / 10
+		rep.ChangelogBytesPerRequest = &v
+		pg.printf("small_changelog: changelog %d messages, %d bytes, %.1f bytes/request", info.State.Msgs, info.State.Bytes, v)
+	}
+	return nil
 }
