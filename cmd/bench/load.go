@@ -31,8 +31,12 @@ type natsServer struct {
 	once sync.Once
 }
 
-func startNATS(dir string) (*natsServer, error) {
-	o := &server.Options{ServerName: "telha-bench", Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true}
+func startNATS(dir string) (*natsServer, error) { return startNATSWith(dir, false) }
+
+// startNATSWith starts the bench's server; syncAlways fsyncs every
+// JetStream write before its ack (sync_interval: always).
+func startNATSWith(dir string, syncAlways bool) (*natsServer, error) {
+	o := &server.Options{ServerName: "telha-bench", Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, SyncAlways: syncAlways}
 	s, err := server.NewServer(o)
 	if err != nil {
 		return nil, fmt.Errorf("nats server: %w", err)

@@ -40,6 +40,10 @@ type options struct {
 	workerLog     bool
 	traceFile     string
 	waitIdle      time.Duration
+	// changelogSyncAlways runs small_changelog against a server of its own
+	// that fsyncs every write (what the embedded server does with the
+	// changelog on).
+	changelogSyncAlways bool
 
 	// child modes (hidden)
 	hubChild string // "hub" or "raw"
@@ -120,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.workerLog, "worker-log", false, "echo the worker's log (info and up) to stderr")
 	fs.DurationVar(&o.waitIdle, "wait-idle", 0, "before each measured phase, wait up to this long for other processes to use < 0.2 cores")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the small saturation run to this file")
+	fs.BoolVar(&o.changelogSyncAlways, "changelog-sync-always", false, "run small_changelog against a NATS server of its own with sync_interval: always (as the embedded server runs with --changelog jetstream)")
 	fs.StringVar(&o.hubChild, "hub-child", "", "internal: run the hub (hub) or raw Pebble (raw) measurement and print JSON")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -227,7 +232,17 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 		}
 	}
 	if o.phases["small_changelog"] {
-		if err := runSmallChangelog(ctx, o, pg, ns, filepath.Join(root, "worker-changelog"), specs, rep); err != nil {
+		cns := ns
+		if o.changelogSyncAlways {
+			if cns, err = startNATSWith(filepath.Join(root, "nats-sync"), true); err != nil {
+				return rep, err
+			}
+		}
+		err := runSmallChangelog(ctx, o, pg, cns, filepath.Join(root, "worker-changelog"), specs, rep)
+		if cns != ns {
+			cns.stop()
+		}
+		if err != nil {
 			return rep, fmt.Errorf("small_changelog: %w", err)
 		}
 	}

@@ -24,23 +24,26 @@ type Report struct {
 	SmallChangelogLightP99Ratio *float64 `json:"small_changelog_light_p99_ratio,omitempty"`
 	// ChangelogBytesPerRequest is the changelog stream's bytes over the
 	// small_changelog phase's requests (warm-up, saturation, light).
-	ChangelogBytesPerRequest *float64     `json:"changelog_bytes_per_request,omitempty"`
-	Pipeline                 *RateReport  `json:"pipeline,omitempty"`
-	Naive                    *RateReport  `json:"naive,omitempty"`
-	Hub                      *HubReport   `json:"hub,omitempty"`
-	Mixed                    *MixedReport `json:"mixed,omitempty"`
-	Scaling                  []ScalingRow `json:"scaling,omitempty"`
-	Erase                    *EraseReport `json:"erase,omitempty"`
-	SmallVsPipeline          *float64     `json:"small_vs_pipeline,omitempty"`
-	SmallVsNaive             *float64     `json:"small_vs_naive,omitempty"`
-	HubVsRaw                 *float64     `json:"hub_vs_raw,omitempty"`
-	Targets                  []Target     `json:"targets"`
-	Config                   benchConfig  `json:"config"`
-	Machine                  machine      `json:"machine"`
-	Revision                 string       `json:"revision"`
-	Modified                 bool         `json:"revision_modified"`
-	Date                     string       `json:"date"`
-	TotalSeconds             float64      `json:"total_seconds"`
+	ChangelogBytesPerRequest *float64 `json:"changelog_bytes_per_request,omitempty"`
+	// ChangelogSyncAlways: small_changelog ran against a server that fsyncs
+	// every write (--changelog-sync-always).
+	ChangelogSyncAlways bool         `json:"changelog_sync_always,omitempty"`
+	Pipeline            *RateReport  `json:"pipeline,omitempty"`
+	Naive               *RateReport  `json:"naive,omitempty"`
+	Hub                 *HubReport   `json:"hub,omitempty"`
+	Mixed               *MixedReport `json:"mixed,omitempty"`
+	Scaling             []ScalingRow `json:"scaling,omitempty"`
+	Erase               *EraseReport `json:"erase,omitempty"`
+	SmallVsPipeline     *float64     `json:"small_vs_pipeline,omitempty"`
+	SmallVsNaive        *float64     `json:"small_vs_naive,omitempty"`
+	HubVsRaw            *float64     `json:"hub_vs_raw,omitempty"`
+	Targets             []Target     `json:"targets"`
+	Config              benchConfig  `json:"config"`
+	Machine             machine      `json:"machine"`
+	Revision            string       `json:"revision"`
+	Modified            bool         `json:"revision_modified"`
+	Date                string       `json:"date"`
+	TotalSeconds        float64      `json:"total_seconds"`
 }
 
 // RateReport is a throughput run.

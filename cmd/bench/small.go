@@ -443,6 +443,7 @@ func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name stri
 // graph is written before the worker starts, so the worker seeds the
 // changelog with a checkpoint at sequence 0 (outside the measurement).
 func runSmallChangelog(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs *specSet, rep *Report) error {
+	rep.ChangelogSyncAlways = o.changelogSyncAlways
 	err := runSmallWith(ctx, o, pg, ns, dir, specs, rep.SmallChangelog, "small_changelog",
 		[]string{"--changelog", "jetstream", "--checkpoint-schedule", "@every 1h"})
 	if err != nil {
