@@ -35,6 +35,7 @@ type Metrics struct {
 
 	Requests          *prometheus.CounterVec
 	RequestDuration   *prometheus.HistogramVec
+	QueueWait         prometheus.Histogram
 	Cascades          *prometheus.CounterVec
 	EdgesTombstoned   prometheus.Counter
 	ChunksApplied     prometheus.Counter
@@ -50,14 +51,19 @@ type Metrics struct {
 	WriterRun         *prometheus.HistogramVec
 	BuildInfo         *prometheus.GaugeVec
 	APIDenied         *prometheus.CounterVec
+	ResultsParked     prometheus.Counter
 }
 
 // Labels are the label values initialised at start, so rate() sees zeros
 // rather than gaps. The product's packages own these vocabularies; the
 // wiring (package app) passes them in.
 type Labels struct {
-	Ops               []string // op of telha_requests_total and the duration histogram ("unknown" is added)
-	Statuses          []string // status of telha_requests_total
+	Ops      []string // op of telha_requests_total and the duration histogram ("unknown" is added)
+	Statuses []string // status of telha_requests_total with a real op
+	// UnknownOpStatuses: the statuses a request whose op could not be read
+	// (op "unknown") can be answered with; only these pairs are
+	// initialised for it (issue 23: no op="unknown",status="ok").
+	UnknownOpStatuses []string
 	Paths             []string // path of telha_cascades_total
 	DeadLetterReasons []string // reason of telha_dead_letters_total
 	DeniedReasons     []string // reason of telha_api_denied_total
@@ -79,6 +85,10 @@ func New(b Build, l Labels) *Metrics {
 			Name: "telha_request_duration_seconds", Help: "From the worker receiving a request message to its ack (or term).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"op"}),
+		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "telha_request_queue_seconds", Help: "Time in queue: from the request stream's timestamp of a message (its publish) to the start of its handling by the worker; a redelivery counts from the original publish.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
+		}),
 		Cascades: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "telha_cascades_total", Help: "Node cascades whose node tombstone landed, by path.",
 		}, []string{"path"}),
@@ -121,6 +131,9 @@ func New(b Build, l Labels) *Metrics {
 			Name: "telha_writer_task_seconds", Help: "How long a task held the store's one writer (its reads, writes and durable commit), by lane.",
 			Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"lane"}),
+		ResultsParked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_results_parked_total", Help: "Results of journaled cascades and erases parked after failing to publish 5 times in a row (each still retried, at most every 10 minutes).",
+		}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
@@ -130,13 +143,19 @@ func New(b Build, l Labels) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
-		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied,
+		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied, m.QueueWait, m.ResultsParked,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, op := range append(append([]string(nil), l.Ops...), "unknown") {
+	// Only the pairs that can occur: a real op with any status, and op
+	// "unknown" with the statuses of a request that could not be read.
+	for _, op := range l.Ops {
 		m.RequestDuration.WithLabelValues(op)
 		for _, st := range l.Statuses {
 			m.Requests.WithLabelValues(op, st)
 		}
+	}
+	m.RequestDuration.WithLabelValues(Unknown)
+	for _, st := range l.UnknownOpStatuses {
+		m.Requests.WithLabelValues(Unknown, known(m.statuses, st, Unknown))
 	}
 	for _, p := range l.Paths {
 		m.Cascades.WithLabelValues(p)
@@ -225,6 +244,17 @@ func (m *Metrics) Acked(op string, took time.Duration) {
 	m.RequestDuration.WithLabelValues(known(m.ops, op, Unknown)).Observe(took.Seconds())
 }
 
+// Queued records a request message's time in queue: from its stream
+// timestamp to the start of its handling (a negative duration, the
+// server's clock ahead of the worker's, counts as zero).
+func (m *Metrics) Queued(d time.Duration) {
+	m.QueueWait.Observe(max(d, 0).Seconds())
+}
+
+// ResultParked records a result parked after failing to publish
+// repeatedly (reaper.Hooks.OutboxParked).
+func (m *Metrics) ResultParked() { m.ResultsParked.Inc() }
+
 // DeadLetter records one dead letter.
 func (m *Metrics) DeadLetter(reason string) {
 	m.DeadLetters.WithLabelValues(known(m.dlReasons, reason, Other)).Inc()
@@ -265,6 +295,9 @@ type JournalSummary struct {
 	InFlight int
 	Oldest   time.Duration
 	Poison   int
+	// OutboxParked: results that failed to publish repeatedly and are
+	// still in the outbox (reaper.Summary.OutboxParked).
+	OutboxParked int
 }
 
 // QueueStats is the consumer's backlog as last read (ok false: not read
@@ -272,6 +305,11 @@ type JournalSummary struct {
 type QueueStats struct {
 	Pending, AckPending, Redelivered uint64
 	OK                               bool
+	// At is when the consumer was read (the figures' "as of").
+	At time.Time
+	// Oldest is the stream timestamp of the oldest request not yet acked
+	// (zero when none, or not known).
+	Oldest time.Time
 }
 
 // PebbleStats are Pebble's health figures.
@@ -317,6 +355,24 @@ func (m *Metrics) AttachState(st State) {
 			queue(func(q QueueStats) uint64 { return q.AckPending })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_redelivered_messages", Help: "Requests redelivered and not yet acked (cached consumer info)."},
 			queue(func(q QueueStats) uint64 { return q.Redelivered })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_oldest_pending_age_seconds", Help: "Age of the oldest request of this replica's consumer not yet acked (waiting or being handled), from its stream timestamp to the scrape; 0 when none. Which request is oldest is as of telha_queue_info_timestamp_seconds."},
+			func() float64 {
+				q := st.Queue()
+				if !q.OK || q.Oldest.IsZero() {
+					return 0
+				}
+				return max(time.Since(q.Oldest), 0).Seconds()
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_info_timestamp_seconds", Help: "Unix time of the last read of the consumer's info, which the telha_queue_* gauges show (0: not read yet)."},
+			func() float64 {
+				q := st.Queue()
+				if !q.OK || q.At.IsZero() {
+					return 0
+				}
+				return float64(q.At.UnixNano()) / 1e9
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_results_parked", Help: "Results of journaled cascades and erases that failed to publish 5 times in a row and are still in the outbox (retried at most every 10 minutes; the request lookup answers them)."},
+			func() float64 { return float64(st.Journals().OutboxParked) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_storage_disk_free_bytes", Help: "Free bytes on the store's filesystem (-1 when the disk-space guard is off)."},
 			func() float64 {
 				free, err := st.DiskFree()
