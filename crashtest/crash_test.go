@@ -92,6 +92,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -110,6 +111,10 @@ var (
 	flagKills   = flag.Int("kills", 0, "crashtest: number of SIGKILLs of the worker (default 20, or $TELHA_CRASH_KILLS)")
 	flagSeed    = flag.Int64("seed", 0, "crashtest: seed of the load (default: from the clock, or $TELHA_CRASH_SEED)")
 	flagPerKill = flag.Int("per-kill", 0, "crashtest: requests published per kill cycle (default 150, or $TELHA_CRASH_PER_KILL)")
+	// flagLoseDisk runs the worker with --changelog jetstream and deletes
+	// its Pebble directory after every third SIGKILL (issue 21: lose a
+	// pod's disk, lose nothing): every check below must still hold.
+	flagLoseDisk = flag.Bool("lose-disk", false, "crashtest: --changelog jetstream, and the Pebble directory deleted after every third kill (or $TELHA_CRASH_LOSE_DISK=1)")
 )
 
 const maxBatchOps = 40
@@ -303,6 +308,11 @@ func TestCrashKillRestart(t *testing.T) {
 		"--max-batch-ops", strconv.Itoa(maxBatchOps), "--reaper-schedule", "@every 1s", "--log-format", "json",
 		"--ack-wait", "2s", "--max-deliver", "1000",
 	}
+	loseDisk := *flagLoseDisk || os.Getenv("TELHA_CRASH_LOSE_DISK") == "1"
+	if loseDisk {
+		runner.args = append(runner.args, "--changelog", "jetstream", "--checkpoint-schedule", "@every 2s", "--checkpoints-keep", "1")
+	}
+	var disksLost int
 	t.Cleanup(runner.stopAll)
 	defer func() {
 		if t.Failed() {
@@ -385,6 +395,15 @@ func TestCrashKillRestart(t *testing.T) {
 		if !p.kill() {
 			t.Fatalf("worker run %d exited on its own: %v\n%s", p.n, p.err, p.tail(40))
 		}
+		if loseDisk && k%3 == 2 {
+			if err := os.RemoveAll(filepath.Join(runner.dataDir, "pebble")); err != nil {
+				t.Fatal(err)
+			}
+			disksLost++
+		}
+	}
+	if loseDisk {
+		t.Logf("lose-disk: the Pebble directory was deleted after %d of the kills", disksLost)
 	}
 	t.Logf("kill phase: %d kills (%d during startup, %d while /v1/journals listed a journal, %d soon after a hub cascade was published, %d at random delays after ready) in %s; %d of %d published",
 		kills, startupKills, journalKills, hubKills, readyKills, time.Since(killStart).Round(time.Millisecond), h.published.Load(), total)
