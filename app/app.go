@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		}
 	}()
 	a.metrics = metrics.New(Build, metrics.Labels{
-		Ops: opNames(), Statuses: queue.Statuses(), DeadLetterReasons: queue.DeadLetterReasons(),
+		Ops: opNames(), Statuses: queue.Statuses(), UnknownOpStatuses: queue.UnknownOpStatuses(), DeadLetterReasons: queue.DeadLetterReasons(),
 		DeniedReasons: []string{"unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only"},
 		Paths:         []string{string(cascade.PathInline), string(cascade.PathJournaled)},
 	})
@@ -302,7 +302,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		"max_batch_ops", a.ops.MaxBatchOps(), "chunk_ops", a.ops.ChunkOps())
 
 	w, err := queue.New(a.nc, a.ops, qcfg, queue.Hooks{Result: a.metrics.Request, Acked: a.metrics.Acked, DeadLetter: a.metrics.DeadLetter, DeadLetterFailed: a.metrics.DeadLetterFailed,
-		DeadLetterResultFailed: a.metrics.DeadLetterResultFailed}, log)
+		DeadLetterResultFailed: a.metrics.DeadLetterResultFailed, Queued: a.metrics.Queued}, log)
 	if err != nil {
 		return err
 	}
@@ -416,6 +416,12 @@ func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
 			}
 		},
 		Finished: next.Finished,
+		OutboxParked: func(tenant, requestID string, err error) {
+			a.metrics.ResultParked()
+			if next.OutboxParked != nil {
+				next.OutboxParked(tenant, requestID, err)
+			}
+		},
 		Published: func(tenant string, rc storage.Receipt) {
 			a.metrics.Request(rc.Op.String(), rc.Status.String())
 			if next.Published != nil {
@@ -430,14 +436,14 @@ func (a *App) metricsState() metrics.State {
 	return metrics.State{
 		Journals: func() metrics.JournalSummary {
 			s := a.reaper.Summarize()
-			return metrics.JournalSummary{InFlight: s.InFlight, Oldest: s.Oldest, Poison: s.Poison}
+			return metrics.JournalSummary{InFlight: s.InFlight, Oldest: s.Oldest, Poison: s.Poison, OutboxParked: s.OutboxParked}
 		},
 		Queue: func() metrics.QueueStats {
 			s := a.worker.Stats()
 			if s == nil {
 				return metrics.QueueStats{}
 			}
-			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true}
+			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true, At: s.At, Oldest: s.Oldest}
 		},
 		DiskFree: a.store.DiskFree,
 		Pebble: func() metrics.PebbleStats {

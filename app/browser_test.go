@@ -328,7 +328,7 @@ func TestBrowserStatusPage(t *testing.T) {
 // sign-in; a read token sees dead letters without retry or discard, and a
 // retry posted anyway is refused (403); a token of another tenant sees
 // nothing of the first (its dead letters, journals and nodes); an operate
-// token gets the buttons.
+// token gets the buttons; sign-out asks for a token again.
 func TestBrowserStatusPageTokens(t *testing.T) {
 	ns := testnats.Start(t)
 	path := filepath.Join(t.TempDir(), "tokens.json")
@@ -352,7 +352,7 @@ func TestBrowserStatusPageTokens(t *testing.T) {
 		b := newBrowser(t, w.base)
 		b.do("sign in", chromedp.Navigate(w.base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
 			chromedp.SendKeys(chromedp.CSS("#token"), tok), chromedp.Click(chromedp.CSS("#signin")),
-			chromedp.WaitVisible(chromedp.CSS("#requests-total")))
+			chromedp.WaitVisible(chromedp.CSS("#journals")))
 		loc, err := chromedp.Run(b.ctx, chromedp.Location())
 		if err != nil || !strings.HasSuffix(loc, "/ui/") {
 			t.Fatalf("after sign-in at %s", loc)
@@ -390,5 +390,11 @@ func TestBrowserStatusPageTokens(t *testing.T) {
 	oa.open("/ui/dlq")
 	if oa.count(".retry") != 1 || oa.count(".discard") != 1 {
 		t.Fatal("an operate token gets no retry and discard")
+	}
+	// Sign-out ends the session: the page asks for a token again.
+	oa.do("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#token")))
+	oa.open("/ui/dlq")
+	if oa.count("#token") != 1 || oa.count("tr.letter") != 0 {
+		t.Fatal("after sign-out the dead letters still show")
 	}
 }

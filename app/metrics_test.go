@@ -1,17 +1,25 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/storage"
 )
 
 // Every family the dashboards and alerts rely on.
@@ -25,6 +33,8 @@ var families = []string{
 	"telha_pebble_compaction_debt_bytes", "telha_pebble_l0_files", "telha_pebble_l0_sublevels",
 	"telha_pebble_disk_usage_bytes", "telha_pebble_write_stalls_total", "telha_pebble_write_stall_duration_seconds_total",
 	"telha_storage_commit_failures_total", "telha_storage_disk_free_bytes", "telha_writer_wait_seconds", "telha_writer_task_seconds", "telha_dead_letter_failures_total",
+	"telha_dead_letter_result_failures_total", "telha_request_queue_seconds", "telha_queue_oldest_pending_age_seconds",
+	"telha_queue_info_timestamp_seconds", "telha_results_parked", "telha_results_parked_total", "telha_api_denied_total",
 	"go_goroutines", "process_resident_memory_bytes",
 }
 
@@ -56,6 +66,17 @@ func TestFreshWorkerExposesEveryFamily(t *testing.T) {
 				t.Errorf("telha_requests_total{op=%q,status=%q} not initialised", op, st)
 			}
 		}
+	}
+	// A request whose op could not be read is answered invalid, nothing
+	// else (issue 23 item 15: no impossible pairs such as unknown/ok).
+	for _, st := range queue.Statuses() {
+		line := fmt.Sprintf("telha_requests_total{op=\"unknown\",status=%q} 0", st)
+		if want := slices.Contains(queue.UnknownOpStatuses(), st); strings.Contains(text, line) != want {
+			t.Errorf("%s initialised: %v, want %v", line, !want, want)
+		}
+	}
+	if !slices.Contains(queue.UnknownOpStatuses(), queue.StatusInvalid) {
+		t.Errorf("queue.UnknownOpStatuses() = %v lacks invalid", queue.UnknownOpStatuses())
 	}
 	for _, reason := range queue.DeadLetterReasons() {
 		if !strings.Contains(text, fmt.Sprintf("telha_dead_letters_total{reason=%q} 0", reason)) {
@@ -133,6 +154,32 @@ func TestMetricsAfterRealOperations(t *testing.T) {
 		return testutil.ToFloat64(m.DeadLetters.WithLabelValues(queue.ReasonDecode)) == 1 &&
 			testutil.ToFloat64(m.DeadLetters.WithLabelValues(queue.ReasonTenantMismatch)) == 1
 	})
+	// Every series of op "unknown" that traffic made was initialised at
+	// start: the statuses of UnknownOpStatuses are all it can get.
+	check("unknown invalid (garbage)", testutil.ToFloat64(m.Requests.WithLabelValues("unknown", "invalid")), 1)
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "telha_requests_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			var op, st string
+			for _, l := range s.GetLabel() {
+				switch l.GetName() {
+				case "op":
+					op = l.GetValue()
+				case "status":
+					st = l.GetValue()
+				}
+			}
+			if op == "unknown" && !slices.Contains(queue.UnknownOpStatuses(), st) {
+				t.Errorf("telha_requests_total{op=unknown,status=%s} occurred, but it is not in queue.UnknownOpStatuses()", st)
+			}
+		}
+	}
 	if testutil.ToFloat64(m.ChunksApplied) < 2 {
 		t.Errorf("chunks applied %v, want at least 2", testutil.ToFloat64(m.ChunksApplied))
 	}
@@ -156,4 +203,167 @@ func metricValue(t *testing.T, w *running, name string) float64 {
 	}
 	t.Fatalf("no sample %s", name)
 	return 0
+}
+
+// TestMetricsQueueTimeAndOldestPending (issue 23 item 15): while the
+// consumer is paused, telha_queue_oldest_pending_age_seconds is the age of
+// the oldest waiting request's stream timestamp; once resumed, each of
+// them is observed in telha_request_queue_seconds with at least the time
+// it waited, and the oldest pending age goes back to 0.
+func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	m := w.app.Metrics()
+	ctx := context.Background()
+	mustOK(t, b.wait(b.send("q", node(uuid.NewString())))) // the consumer is live
+	// underOne counts the observations of at most 1 s.
+	underOne := func() uint64 {
+		for _, bk := range histogramOf(t, m, "telha_request_queue_seconds").GetBucket() {
+			if bk.GetUpperBound() == 1 {
+				return bk.GetCumulativeCount()
+			}
+		}
+		t.Fatal("no le=1 bucket")
+		return 0
+	}
+	count0, under0 := histogramOf(t, m, "telha_request_queue_seconds").GetSampleCount(), underOne()
+	if count0 < 1 {
+		t.Fatalf("time in queue observed %d times after a request, want at least 1", count0)
+	}
+
+	cfg := w.app.worker.Config()
+	if _, err := b.js.PauseConsumer(ctx, cfg.ReqStream, cfg.ConsumerName(), time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var sent []string
+	for i := 0; i < 3; i++ {
+		sent = append(sent, b.send("q", node(uuid.NewString())))
+	}
+	s, err := b.js.Stream(ctx, cfg.ReqStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.State.Msgs != 3 {
+		t.Fatalf("request stream: %+v %v, want the 3 requests waiting", info.State, err)
+	}
+	first := info.State.FirstTime // a work-queue stream: the oldest request not acked
+	// Poll (no sleep) until the oldest has waited more than a second,
+	// checking the gauge against its stream timestamp at every read.
+	testnats.Eventually(t, 15*time.Second, "oldest pending age above 1s", func() bool {
+		if err := w.app.worker.RefreshStats(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lo := time.Since(first).Seconds()
+		got := metricValue(t, w, "telha_queue_oldest_pending_age_seconds")
+		hi := time.Since(first).Seconds()
+		if got < lo-0.001 || got > hi+0.001 {
+			t.Fatalf("oldest pending age %v, want between %v and %v (the first waiting request's age)", got, lo, hi)
+		}
+		if asOf := metricValue(t, w, "telha_queue_info_timestamp_seconds"); asOf < float64(first.Unix()) {
+			t.Fatalf("queue info as of %v, before the request (%v)", asOf, first.Unix())
+		}
+		return got > 1
+	})
+	if _, err := b.js.ResumeConsumer(ctx, cfg.ReqStream, cfg.ConsumerName()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range sent {
+		mustOK(t, b.wait(id))
+	}
+	testnats.Eventually(t, 5*time.Second, "time in queue observed for the 3", func() bool {
+		return histogramOf(t, m, "telha_request_queue_seconds").GetSampleCount() >= count0+3
+	})
+	if got := histogramOf(t, m, "telha_request_queue_seconds").GetSampleCount(); got != count0+3 {
+		t.Errorf("time in queue observed %d times, want %d", got, count0+3)
+	}
+	if got := underOne(); got != under0 {
+		t.Errorf("%d of the 3 waiting requests were observed at 1 s or less in queue; each waited longer", got-under0)
+	}
+	testnats.Eventually(t, 10*time.Second, "oldest pending age back to 0", func() bool {
+		if err := w.app.worker.RefreshStats(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return metricValue(t, w, "telha_queue_oldest_pending_age_seconds") == 0
+	})
+}
+
+// TestMetricsResultsParked: a journaled cascade's result that the results
+// stream refuses is parked after 5 failed publishes, and shows in
+// telha_results_parked (the reaper's summary) and
+// telha_results_parked_total (its OutboxParked hook), through app's wiring.
+func TestMetricsResultsParked(t *testing.T) {
+	ns := testnats.Start(t)
+	clock := storage.NewManualClock(time.Now())
+	var nextParked []string
+	var mu sync.Mutex
+	w := startWorker(t, ns, t.TempDir(), Options{Clock: clock, ReaperHooks: reaper.Hooks{OutboxParked: func(tenant, id string, _ error) {
+		mu.Lock()
+		nextParked = append(nextParked, tenant+"/"+id)
+		mu.Unlock()
+	}}}, "--max-batch-ops", "5")
+	b := newBus(t, ns)
+	ctx := context.Background()
+	hub := uuid.NewString()
+	mustOK(t, b.wait(b.send("p", node(hub))))
+	for i := 0; i < 8; i++ {
+		leaf := uuid.NewString()
+		mustOK(t, b.wait(b.send("p", node(leaf))))
+		mustOK(t, b.wait(b.send("p", edge(uuid.NewString(), hub, leaf))))
+	}
+	if got := metricValue(t, w, "telha_results_parked"); got != 0 {
+		t.Fatalf("telha_results_parked = %v before any failure", got)
+	}
+	// The results stream goes: every publish of a result fails.
+	if err := b.js.DeleteStream(ctx, "TELHA_RES"); err != nil {
+		t.Fatal(err)
+	}
+	id := b.send("p", tombNode(hub))
+	testnats.Eventually(t, 60*time.Second, "the journaled result parked", func() bool {
+		clock.Advance(11 * time.Minute) // past every backoff
+		_, err := w.app.reaper.PublishOutbox(ctx)
+		if err == nil {
+			return false // the cascade's result is not in the outbox yet
+		}
+		return w.app.reaper.Summarize().OutboxParked == 1
+	})
+	if got := metricValue(t, w, "telha_results_parked"); got != 1 {
+		t.Errorf("telha_results_parked = %v, want 1", got)
+	}
+	if got := metricValue(t, w, "telha_results_parked_total"); got != 1 {
+		t.Errorf("telha_results_parked_total = %v, want 1", got)
+	}
+	mu.Lock()
+	if len(nextParked) != 1 || nextParked[0] != "p/"+id {
+		t.Errorf("Options.ReaperHooks.OutboxParked saw %v, want [p/%s]", nextParked, id)
+	}
+	mu.Unlock()
+}
+
+// TestMetricsReaperHooksChain: the wiring counts a parked result and still
+// calls the hook the caller passed.
+func TestMetricsReaperHooksChain(t *testing.T) {
+	a := &App{metrics: metrics.New(Build, metrics.Labels{})}
+	called := 0
+	h := a.reaperHooks(reaper.Hooks{OutboxParked: func(string, string, error) { called++ }})
+	h.OutboxParked("t", "r", errors.New("refused"))
+	if got := testutil.ToFloat64(a.metrics.ResultsParked); got != 1 || called != 1 {
+		t.Fatalf("telha_results_parked_total = %v, next hook called %d times; want 1 and 1", got, called)
+	}
+}
+
+func histogramOf(t *testing.T, m *metrics.Metrics, name string) *dto.Histogram {
+	t.Helper()
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	t.Fatalf("no histogram %s", name)
+	return nil
 }

@@ -37,6 +37,13 @@ func Statuses() []string {
 	return out
 }
 
+// UnknownOpStatuses lists the statuses a result can have when its
+// request's op could not be read (op "unknown" in metrics): only a message
+// rejected before it is decoded has no readable op, and a rejected message
+// is answered invalid (crash_loop, which answers failed, and conflict
+// concern decoded requests only).
+func UnknownOpStatuses() []string { return []string{StatusInvalid} }
+
 // Result is the result body published on telha.res.<tenant>, one per
 // answer, with Nats-Msg-Id ResultMsgID(result).
 type Result = client.Result

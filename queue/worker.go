@@ -39,12 +39,20 @@ type Hooks struct {
 	// terminated without its result in the results stream (publishing it
 	// kept failing until the message's MaxDeliver-th delivery).
 	DeadLetterResultFailed func(reason string)
+	// Queued fires when the handling of a message starts, with its time in
+	// queue: since its stream timestamp (a redelivery: since the original
+	// publish).
+	Queued func(d time.Duration)
 }
 
 // ConsumerStats is the consumer's state as of the last refresh.
 type ConsumerStats struct {
 	Pending, AckPending, Redelivered uint64
 	At                               time.Time
+	// Oldest is the stream timestamp of the consumer's oldest message not
+	// yet acked (waiting or being handled); zero when there is none or it
+	// could not be read.
+	Oldest time.Time
 }
 
 // Worker consumes this replica's requests and applies them.
@@ -102,8 +110,50 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.stats.Store(&ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()})
+	st := &ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()}
+	if st.Pending > 0 || st.AckPending > 0 {
+		if st.Oldest, err = w.oldestPending(ctx, info); err != nil {
+			w.log.Debug("oldest pending request not read", "err", err)
+		}
+	}
+	w.stats.Store(st)
 	return nil
+}
+
+// oldestPending returns the stream timestamp of the consumer's oldest
+// message not yet acked. TELHA_REQ is a work-queue stream: an acked (or
+// terminated) message is removed, so the first message stored after the
+// ack floor under one of the consumer's filter subjects is the oldest one
+// not acked. One message lookup per filter subject (the server finds the
+// next message of a subject from its index), only while something is
+// pending; a replica that owns every partition needs one lookup for the
+// whole stream.
+func (w *Worker) oldestPending(ctx context.Context, info *jetstream.ConsumerInfo) (time.Time, error) {
+	s, err := w.reqStream(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	filters := info.Config.FilterSubjects
+	if f := info.Config.FilterSubject; f != "" {
+		filters = append(filters, f)
+	}
+	if w.cfg.Owner.Count <= 1 || len(filters) == 0 {
+		filters = []string{w.cfg.Prefix + ".req.>"}
+	}
+	var oldest time.Time
+	for _, f := range filters {
+		m, err := s.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(f))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return time.Time{}, fmt.Errorf("first message of %s after %d: %w", f, info.AckFloor.Stream, err)
+		}
+		if oldest.IsZero() || m.Time.Before(oldest) {
+			oldest = m.Time
+		}
+	}
+	return oldest, nil
 }
 
 // item is one message of a group on its way through the pipeline.
@@ -253,6 +303,9 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		it := &item{msg: m, received: now}
 		items[i] = it
 		it.meta, _ = m.Metadata()
+		if w.hooks.Queued != nil && it.meta != nil {
+			w.hooks.Queued(now.Sub(it.meta.Timestamp))
+		}
 		tenant, part, err := parseSubject(w.cfg.Prefix, m.Subject(), w.cfg.Partitions)
 		it.tenant = AnswerToken(tenant)
 		switch {

@@ -207,7 +207,7 @@ func (s *server) render(w http.ResponseWriter, name string, pg *page) {
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Referrer-Policy", "same-origin") // no-referrer would make browsers send Origin: null on the page's own POSTs
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Security-Policy", contentSecurityPolicy)
 	_, _ = w.Write(buf.Bytes())
