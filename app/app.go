@@ -215,7 +215,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if cfg.Changelog == ChangelogJetStream {
 		// The changelog needs NATS before the store opens: the store is
 		// rebuilt from it (restore, replay) and then commits through it.
-		if err := a.connect(); err != nil {
+		if err := a.connect(ctx); err != nil {
+			if ctx.Err() != nil {
+				return fatalOrNil(ctx)
+			}
 			return err
 		}
 		phase := "changelog: restoring and replaying before serving"
@@ -272,7 +275,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 
 	if a.nc == nil {
-		if err := a.connect(); err != nil {
+		if err := a.connect(ctx); err != nil {
+			if ctx.Err() != nil { // SIGTERM while the embedded server started
+				return fatalOrNil(ctx)
+			}
 			return err
 		}
 	}
@@ -569,7 +575,7 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 	}()
 }
 
-func (a *App) connect() error {
+func (a *App) connect(ctx context.Context) error {
 	opts := []nats.Option{
 		nats.Name("telha-cascade"),
 		nats.MaxReconnects(-1),
@@ -612,26 +618,22 @@ func (a *App) connect() error {
 			a.log.Error("refusing to start the embedded NATS server on a non-loopback address: it has no authentication", "nats_listen", a.cfg.NATSListen)
 			return fmt.Errorf("%w: --nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", ErrUsage, a.cfg.NATSListen)
 		}
-		ns, err := server.NewServer(&server.Options{
+		ns, err := startEmbedded(ctx, a.log, &server.Options{
 			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
 			StoreDir: filepath.Join(a.cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
 			// With the changelog on, the local commit is not fsynced: the
 			// changelog is the durable copy, so the server must fsync it
 			// before it acks (sync_interval: always).
 			SyncAlways: a.cfg.Changelog == ChangelogJetStream,
-		})
+		}, a.cfg.NATSListen)
 		if err != nil {
-			return fmt.Errorf("embedded nats: %w", err)
-		}
-		go ns.Start()
-		if !ns.ReadyForConnections(30 * time.Second) {
-			ns.Shutdown()
-			return fmt.Errorf("embedded nats did not start on %s (is the port in use?)", a.cfg.NATSListen)
+			return err
 		}
 		a.ns = ns
 		url = ns.ClientURL()
-		a.log.Info("embedded nats started", "url", url, "store", filepath.Join(a.cfg.DataDir, "nats"))
+		a.log.Info("NATS: embedded JetStream server started in this process (no --nats-url)", "listen", a.cfg.NATSListen, "url", url, "store", filepath.Join(a.cfg.DataDir, "nats"))
 	} else {
+		a.log.Info("NATS: client of an external server; no embedded server is started", "url", RedactURLs(url), "from", a.cfg.NATSURLFrom)
 		if a.cfg.NATSCreds != "" {
 			opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
 		}
@@ -845,4 +847,68 @@ func newOTLP(endpoint string) (*sdktrace.TracerProvider, error) {
 	}
 	res := resource.NewSchemaless(attribute.String("service.name", "telha-cascade"))
 	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
+}
+
+// startEmbedded starts the embedded NATS server on listen (opts' Host and
+// Port) and waits until it takes connections. It fails at once when the
+// address cannot be bound, with the server's own error when the server
+// fails to start (its Fatalf, which it does not return), and with ctx's
+// error when ctx ends first (SIGTERM during a long JetStream recovery).
+func startEmbedded(ctx context.Context, log *slog.Logger, opts *server.Options, listen string) (*server.Server, error) {
+	// The server reports a busy port only through its log, and
+	// ReadyForConnections would wait out its whole timeout: bind first.
+	ln, err := net.Listen("tcp", net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: cannot listen on --nats-listen %s: %w", listen, err)
+	}
+	if err := ln.Close(); err != nil {
+		return nil, fmt.Errorf("embedded nats: --nats-listen %s: %w", listen, err)
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	fatal := make(chan string, 1)
+	ns.SetLoggerV2(&natsLog{log: log.With("component", "embedded-nats"), fatal: fatal}, false, false, false)
+	go ns.Start()
+	stop := func() { ns.Shutdown(); ns.WaitForShutdown() }
+	deadline := time.Now().Add(time.Minute)
+	for !ns.ReadyForConnections(100 * time.Millisecond) {
+		select {
+		case msg := <-fatal:
+			stop()
+			return nil, fmt.Errorf("embedded nats on --nats-listen %s did not start: %s", listen, msg)
+		case <-ctx.Done():
+			stop()
+			return nil, fmt.Errorf("embedded nats on --nats-listen %s: startup stopped: %w", listen, context.Cause(ctx))
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("embedded nats on --nats-listen %s: not ready within a minute", listen)
+		}
+	}
+	return ns, nil
+}
+
+// natsLog is the embedded server's logger: warnings and errors go to the
+// worker's log, and a fatal error (the server stops starting, and says so
+// only here) also goes to startEmbedded.
+type natsLog struct {
+	log   *slog.Logger
+	fatal chan string
+}
+
+func (l *natsLog) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *natsLog) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *natsLog) Tracef(format string, v ...any)  {}
+func (l *natsLog) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l *natsLog) Errorf(format string, v ...any)  { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l *natsLog) Fatalf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	l.log.Error(msg)
+	select {
+	case l.fatal <- msg:
+	default:
+	}
 }

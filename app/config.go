@@ -7,6 +7,7 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"io"
 	"math"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -69,6 +70,10 @@ type Config struct {
 	ChangelogReplicas  int
 	CheckpointSchedule string
 	CheckpointsKeep    int
+
+	// NATSURLFrom says where NATSURL came from ("--nats-url" or
+	// "TELHA_NATS_URL"), for the startup log.
+	NATSURLFrom string
 }
 
 // ErrUsage marks a configuration error: the process exits 2 with usage.
@@ -99,6 +104,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fromEnv := map[string]bool{}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {
@@ -106,11 +112,15 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 		}
 		env := EnvName(f.Name)
 		if v := getenv(env); v != "" {
+			fromEnv[f.Name] = true
 			if err := fs.Set(f.Name, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s=%q does not parse as --%s (%s)", env, v, f.Name, f.Usage))
 			}
 		}
 	})
+	if err := natsMode(&c, set, fromEnv); err != nil {
+		errs = append(errs, err)
+	}
 	if c.OTLPEndpoint == "" {
 		c.OTLPEndpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT") // the standard variable, as OpenTelemetry SDKs read it
 	}
@@ -129,13 +139,48 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	return c, nil
 }
 
+// natsMode refuses an external NATS URL together with an explicit
+// --nats-listen (issue 23 item 3): the URL makes the worker a client of
+// another server and --nats-listen starts the embedded one, so one of the
+// two would be silently ignored. TELHA_NATS_URL is also enqueue's
+// variable, which makes the mix easy to get by accident.
+func natsMode(c *Config, set, fromEnv map[string]bool) error {
+	name := func(flag string) string {
+		if fromEnv[flag] {
+			return EnvName(flag)
+		}
+		return "--" + flag
+	}
+	if c.NATSURL != "" {
+		c.NATSURLFrom = name("nats-url")
+	}
+	if c.NATSURL == "" || !(set["nats-listen"] || fromEnv["nats-listen"]) {
+		return nil
+	}
+	return fmt.Errorf("%s=%s makes the worker a client of an external NATS server, and %s=%s starts the embedded one: give one of them "+
+		"(to run the embedded server, unset %s for the worker: TELHA_NATS_URL is also enqueue's variable)",
+		name("nats-url"), RedactURLs(c.NATSURL), name("nats-listen"), c.NATSListen, name("nats-url"))
+}
+
+// RedactURLs returns a comma-separated list of URLs with their passwords
+// replaced by xxxxx (for logs and errors); what does not parse is kept.
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
 // registerNames defines every flag of the worker on fs, bound to c.
 func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.DataDir, "data-dir", "./data", "directory of the Pebble store (pebble/) and the embedded NATS store (nats/)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "address of /metrics, /healthz, /readyz and the read API")
 	fs.StringVar(&c.APIAddr, "api-addr", "", `separate address for the read API /v1/... ("" = on --http-addr, "off" = disabled)`)
-	fs.StringVar(&c.NATSURL, "nats-url", "", "external NATS URL(s); empty starts an embedded JetStream server")
-	fs.StringVar(&c.NATSListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server")
+	fs.StringVar(&c.NATSURL, "nats-url", "", "external NATS URL(s): the worker is their client; empty starts an embedded JetStream server (not both with --nats-listen)")
+	fs.StringVar(&c.NATSListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server (loopback only; not with --nats-url)")
 	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials (.creds) file")
 	fs.StringVar(&c.NATSUser, "nats-user", "", "NATS user")
 	fs.StringVar(&c.NATSPassword, "nats-password", "", "NATS password")
@@ -144,8 +189,9 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS mutual TLS")
 	fs.IntVar(&c.Partitions, "partitions", 1, "partition count P of the request stream (fixed at install)")
 	fs.StringVar(&c.PartitionOwner, "partition-owner", "0/1", "i/N: own partitions p with p % N == i; auto/N reads i from the pod name")
-	fs.IntVar(&c.MaxBatchOps, "max-batch-ops", cascade.DefaultMaxBatchOps, "inline vs journaled threshold and chunk size (floored at 7)")
-	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, "puts per durable chunk of a journaled cascade (0: 5000; never more than --max-batch-ops)")
+	fs.IntVar(&c.MaxBatchOps, "max-batch-ops", cascade.DefaultMaxBatchOps, fmt.Sprintf("most puts in one durable batch: a request whose writes (receipt included) fit commits inline, "+
+		"a larger cascade is journaled; no group's batch holds more (floored at %d; the chunk size is --journal-chunk-ops)", cascade.MinMaxBatchOps))
+	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, fmt.Sprintf("puts per durable chunk of a journaled cascade (0: %d; never more than --max-batch-ops)", cascade.DefaultChunkOps))
 	fs.StringVar(&c.ReaperSchedule, "reaper-schedule", "@every 30s", "cron spec of the reaper")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")

@@ -315,8 +315,14 @@ func TestMetricsResultsParked(t *testing.T) {
 	if got := metricValue(t, w, "telha_results_parked"); got != 0 {
 		t.Fatalf("telha_results_parked = %v before any failure", got)
 	}
-	// The results stream goes: every publish of a result fails.
-	if err := b.js.DeleteStream(ctx, "TELHA_RES"); err != nil {
+	// The results stream refuses every result (at once: too large).
+	rs, err := b.js.Stream(ctx, "TELHA_RES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcfg := rs.CachedInfo().Config
+	rcfg.MaxMsgSize = 16
+	if _, err := b.js.UpdateStream(ctx, rcfg); err != nil {
 		t.Fatal(err)
 	}
 	id := b.send("p", tombNode(hub))

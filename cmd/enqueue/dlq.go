@@ -95,7 +95,11 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 				_ = enc.Encode(d)
 			}
 		}
-		fmt.Fprintf(stderr, "%d dead letters shown (of %d in %s)\n", len(out), total, *stream)
+		if *tenant != "" {
+			fmt.Fprintf(stderr, "%d dead letters shown (of %d of tenant %s in %s)\n", len(out), total, *tenant, *stream)
+		} else {
+			fmt.Fprintf(stderr, "%d dead letters shown (of %d in %s)\n", len(out), total, *stream)
+		}
 		return nil
 	case "show":
 		m, err := s.GetMsg(ctx, seq)

@@ -70,7 +70,7 @@ func connect(g *globals) (*nats.Conn, *client.Client, error) {
 // publishAll publishes reqs asynchronously (bounded in flight), and with
 // wait collects and prints their results. It returns the results by id.
 func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []request, wait bool, stdout, stderr io.Writer, progress func(done int)) (map[string]client.Result, error) {
-	since := time.Now().Add(-3 * time.Minute) // covers publisher retries inside the duplicate window
+	since := time.Now().Add(-3 * time.Minute) // covers earlier copies of a retried request
 	ids := map[string]bool{}
 	tenants := []string{}
 	seenT := map[string]bool{}
@@ -115,10 +115,9 @@ func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []reques
 		select {
 		case ack := <-f.Ok():
 			if ack.Duplicate {
-				// The stream already had this request (same tenant and
-				// request id) within its duplicate window: it is not
-				// delivered again; its answer is the first copy's.
-				fmt.Fprintf(stderr, "request %q of tenant %q: the request stream already had it (a duplicate within its window): not applied again; its result is the first copy's\n",
+				// Only a request stream provisioned with a duplicate window
+				// (not this project's: CONTRACT §5) answers this.
+				fmt.Fprintf(stderr, "request %q of tenant %q: the request stream dropped it as a duplicate of an earlier message id; its result is the first copy's\n",
 					reqs[i].id, reqs[i].tenant)
 			}
 		case err := <-f.Err():
