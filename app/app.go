@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,10 +294,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if err != nil {
 		return err
 	}
-	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.cascadeHooks(opts.CascadeHooks)}
+	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.wiredCascadeHooks(opts.CascadeHooks)}
 	rp, err := reaper.New(st, reaper.Config{
 		Applier: cascade.NewApplier(st, copts), Publisher: pub, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
-		Clock: opts.Clock, Logger: log, Hooks: a.reaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
+		Clock: opts.Clock, Logger: log, Hooks: a.wiredReaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
@@ -911,4 +912,31 @@ func (l *natsLog) Fatalf(format string, v ...any) {
 	case l.fatal <- msg:
 	default:
 	}
+}
+
+// wiredCascadeHooks are the cascade hooks the worker runs with: its own,
+// each calling next's after it, and every other hook of next as it is
+// (Options: the caller's hooks are all called).
+func (a *App) wiredCascadeHooks(next cascade.Hooks) cascade.Hooks {
+	return withNextHooks(a.cascadeHooks(next), next)
+}
+
+// wiredReaperHooks: wiredCascadeHooks for the reaper.
+func (a *App) wiredReaperHooks(next reaper.Hooks) reaper.Hooks {
+	return withNextHooks(a.reaperHooks(next), next)
+}
+
+// withNextHooks returns own with each of its nil func fields taken from
+// next: a hook the worker does not observe is the caller's alone. own's
+// hooks call next's themselves. (Reflection, so that a hook added to
+// cascade.Hooks or reaper.Hooks later is passed on without anyone
+// remembering to: TestOptionsHooksAreAllCalled.)
+func withNextHooks[H any](own, next H) H {
+	ov, nv := reflect.ValueOf(&own).Elem(), reflect.ValueOf(next)
+	for i := 0; i < ov.NumField(); i++ {
+		if f := ov.Field(i); f.Kind() == reflect.Func && f.IsNil() {
+			f.Set(nv.Field(i))
+		}
+	}
+	return own
 }

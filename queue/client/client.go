@@ -31,7 +31,9 @@ const (
 const MaxMessageBytes = 256 << 10
 
 // Result is the result body published on <prefix>.res.<tenant>, one per
-// request, with Nats-Msg-Id ResultMsgID(tenant, request_id).
+// distinct answer (CONTRACT §5): a request id may have several, the latest
+// stored being its answer. TxTime is set exactly on "ok"; otherwise it is
+// written null (results stored before wrote "": both decode to "").
 type Result struct {
 	RequestID       string `json:"request_id"`
 	Op              string `json:"op"`
@@ -48,6 +50,19 @@ type Result struct {
 	// RequestIDFrom is "nats_msg_id" when the body had no readable
 	// request_id and RequestID is the message's Nats-Msg-Id instead.
 	RequestIDFrom string `json:"request_id_from,omitempty"`
+}
+
+// MarshalJSON writes Result with "tx_time": null when TxTime is empty.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type fields Result // no MarshalJSON: no recursion
+	var tx *string
+	if r.TxTime != "" {
+		tx = &r.TxTime
+	}
+	return json.Marshal(struct {
+		fields
+		TxTime *string `json:"tx_time"` // shadows fields.TxTime
+	}{fields(r), tx})
 }
 
 // Request is a request body (CONTRACT §5) as a publisher builds it.
@@ -81,8 +96,13 @@ type Provenance struct {
 // tenants, so the id must not).
 func RequestMsgID(tenant, requestID string) string { return tenant + "." + requestID }
 
-// ResultMsgID is the Nats-Msg-Id of a request's result:
-// res.<tenant>.<request_id>.
+// ResultMsgID is the common start of the Nats-Msg-Ids of a request's
+// results, res.<tenant>.<request_id>: each answer's id adds
+// .<answer> (16 hex digits of the hash of what it says) or, for a failed
+// answer, .dlq-<stream>-<seq> (CONTRACT §5). It names no message itself.
+//
+// Deprecated: results no longer have one id per request; match results by
+// their request_id field.
 func ResultMsgID(tenant, requestID string) string { return "res." + tenant + "." + requestID }
 
 // Config names the subjects and the results stream. Zero fields take the
@@ -108,9 +128,10 @@ func (c Config) ReqSubject(tenant string) string { return c.withDefaults().Prefi
 // ResSubject is the subject results of a tenant are published on.
 func (c Config) ResSubject(tenant string) string { return c.withDefaults().Prefix + ".res." + tenant }
 
-// Client publishes requests (with Nats-Msg-Id <tenant>.<request_id>, so the
-// request stream deduplicates publisher retries) and collects their results
-// from the results stream.
+// Client publishes requests (with Nats-Msg-Id <tenant>.<request_id>, which
+// names the message in dead letters; the request stream keeps no duplicate
+// window, so a retry is delivered again and answered from its receipt) and
+// collects their results from the results stream.
 type Client struct {
 	js  jetstream.JetStream
 	cfg Config
@@ -138,9 +159,10 @@ func (c *Client) RequestMsg(tenant, requestID string, body []byte) *nats.Msg {
 	return m
 }
 
-// Publish publishes one request and waits for the stream's ack. The ack's
-// Duplicate flag says the stream already had this request within its
-// duplicate window (no second result will come).
+// Publish publishes one request and waits for the stream's ack. The
+// request stream keeps no duplicate window (CONTRACT §5), so the ack's
+// Duplicate flag is never set: a request published again is delivered
+// again, and answered from its receipt (the same answer, one effect).
 func (c *Client) Publish(ctx context.Context, tenant, requestID string, body []byte) (*jetstream.PubAck, error) {
 	return c.js.PublishMsg(ctx, c.RequestMsg(tenant, requestID, body))
 }
@@ -161,10 +183,19 @@ func (c *Client) PublishAsync(tenant, requestID string, body []byte) (jetstream.
 }
 
 // Results follows the results of some tenants from `since` on (use a time
-// a little before the first publish, minus the duplicate window if some
-// requests may be publisher retries) and calls fn for each, until ctx is
-// done or fn returns false.
+// a little before the first publish, or before the first publish of a
+// request id that may be answered again) and calls fn for each, until ctx
+// is done or fn returns false.
 func (c *Client) Results(ctx context.Context, tenants []string, since time.Time, fn func(Result) bool) error {
+	return c.results(ctx, tenants, since, func(r *Result, _ bool) bool { return r == nil || fn(*r) })
+}
+
+// results is Results, also saying whether each result is the last of
+// those stored before it was read (caughtUp: no result was stored after
+// it, or it was stored after results was called); r is nil for a message
+// that is no result.
+func (c *Client) results(ctx context.Context, tenants []string, since time.Time, fn func(r *Result, caughtUp bool) bool) error {
+	start := time.Now()
 	var filters []string
 	seen := map[string]bool{}
 	for _, t := range tenants {
@@ -200,30 +231,38 @@ func (c *Client) Results(ctx context.Context, tenants []string, since time.Time,
 			}
 			return err
 		}
-		var r Result
-		if err := json.Unmarshal(m.Data(), &r); err != nil {
-			continue
+		caughtUp := true
+		if meta, err := m.Metadata(); err == nil {
+			// The timestamp bounds the wait on a busy stream, where results
+			// may keep coming faster than they are read.
+			caughtUp = meta.NumPending == 0 || meta.Timestamp.After(start)
 		}
-		if !fn(r) {
+		r := &Result{}
+		if err := json.Unmarshal(m.Data(), r); err != nil {
+			r = nil
+		}
+		if !fn(r, caughtUp) {
 			return nil
 		}
 	}
 }
 
-// Wait collects the results of the given request ids (first result per id),
-// until all have one or ctx is done. It returns what it collected.
+// Wait collects the results of the given request ids until each has one
+// and every result stored before Wait was called has been read, or ctx is
+// done. A request id with several answers (an invalid request fixed and
+// sent again under its id) gets the latest of those read, so the latest
+// stored when Wait was called or after (CONTRACT §5: the latest stored
+// answer is the id's answer). It returns what it collected.
 func (c *Client) Wait(ctx context.Context, tenants []string, since time.Time, ids map[string]bool) (map[string]Result, error) {
 	got := map[string]Result{}
 	if len(ids) == 0 {
 		return got, nil
 	}
-	err := c.Results(ctx, tenants, since, func(r Result) bool {
-		if ids[r.RequestID] {
-			if _, dup := got[r.RequestID]; !dup {
-				got[r.RequestID] = r
-			}
+	err := c.results(ctx, tenants, since, func(r *Result, caughtUp bool) bool {
+		if r != nil && ids[r.RequestID] {
+			got[r.RequestID] = *r // a later answer replaces an earlier one
 		}
-		return len(got) < len(ids)
+		return len(got) < len(ids) || !caughtUp
 	})
 	if len(got) == len(ids) {
 		return got, nil
