@@ -21,7 +21,8 @@ import (
 
 // Options configure the handler. Every field is optional.
 type Options struct {
-	// Ready reports readiness and, when not ready, why.
+	// Ready reports readiness and, when not ready, why; when ready, the
+	// strings are notes (/readyz shows them, still 200).
 	Ready func() (bool, []string)
 	// Metrics serves /metrics.
 	Metrics http.Handler
@@ -213,6 +214,12 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 	if !ok {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": why})
+		return
+	}
+	if len(why) > 0 {
+		// Ready, with something worth knowing (a paused consumer: healthy,
+		// consuming nothing until resumed).
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "notes": why})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -134,7 +134,8 @@ func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 // Worker returns the queue worker (tests).
 func (a *App) Worker() *queue.Worker { return a.worker }
 
-// Ready reports readiness: Pebble open, NATS connected, startup resume done.
+// Ready reports readiness: Pebble open, NATS connected, startup resume done;
+// a paused consumer is a note, not a reason (ready all the same).
 func (a *App) Ready() (bool, []string) {
 	var why []string
 	if !a.storeOpen.Load() {
@@ -154,7 +155,14 @@ func (a *App) Ready() (bool, []string) {
 			why = append(why, fmt.Sprintf("storage: disk full (%d bytes free, reserve %d MiB)", free, a.cfg.MinFreeDiskMB))
 		}
 	}
-	return len(why) == 0, why
+	ok := len(why) == 0
+	// A paused consumer is healthy: still ready, and /readyz says so.
+	if a.startupDone.Load() { // a.worker is set before (and read after) this store
+		if p := a.worker.PauseState(); p.Paused {
+			why = append(why, fmt.Sprintf("consumer %s: %s (enqueue resume, or the status page, resumes it)", p.Consumer, p))
+		}
+	}
+	return ok, why
 }
 
 // Run runs the worker until ctx is done, then shuts down in order: stop
@@ -344,7 +352,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		opts.OnReady(a)
 	}
 	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	// The drain applies what it holds with work: SIGTERM (ctx) does not
+	// cancel it; any return from here (the grace ran out, a fatal storage
+	// error) does, before the store closes.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	go func() { done <- w.RunUntil(ctx, work) }()
 	var grace <-chan time.Time
 	stopping := ctx.Done()
 	for {

@@ -572,6 +572,9 @@ var requiredAlerts = []string{
 	"TelhaRedeliveriesHigh",
 	"TelhaPebbleWriteStalls",
 	"TelhaPoisonJournals",
+	"TelhaDeadLetterResultFailures",
+	"TelhaOldestRequestWaiting",
+	"TelhaResultsParked",
 }
 
 func TestPrometheusRules(t *testing.T) {
@@ -889,6 +892,26 @@ func TestMetricNamesExistInWorker(t *testing.T) {
 	for m := range workerMetrics {
 		if !strings.Contains(src, `"`+m+`"`) {
 			t.Errorf("metric %s is not registered in metrics/*.go", m)
+		}
+	}
+}
+
+// TestWorkerMetricsListed: every telha_* family the worker's metrics
+// package registers is in workerMetrics, so the dashboard check above
+// (every listed metric on a panel) covers it: a new metric cannot be left
+// off the dashboard.
+func TestWorkerMetricsListed(t *testing.T) {
+	src := workerSources(t, "metrics")
+	if src == "" {
+		t.Skip("no ../metrics sources")
+	}
+	names := regexp.MustCompile(`"(telha_[a-z0-9_]+)"`).FindAllStringSubmatch(src, -1)
+	if len(names) < 20 {
+		t.Fatalf("found %d telha_* names in metrics/*.go; the pattern no longer matches", len(names))
+	}
+	for _, m := range names {
+		if _, ok := workerMetrics[m[1]]; !ok {
+			t.Errorf("metric %s is registered by the worker but not in workerMetrics (nor, therefore, checked on the dashboard)", m[1])
 		}
 	}
 }

@@ -20,5 +20,13 @@
 //     a named port "api" in the pod and both Services, its own
 //     NetworkPolicy rule apart from /metrics), the /ui Ingress (one host
 //     and Service per replica when N > 1), extraVolumes/extraVolumeMounts/
-//     extraEnv, and what NOTES.txt tells about /ui/ and the tokens.
+//     extraEnv, and what NOTES.txt tells about /ui/ and the tokens;
+//   - GOMEMLIMIT from the container's memory limit by default, goMemLimit
+//     and an extraEnv GOMEMLIMIT in its place, never twice; the streams'
+//     size limits (nats.resultsMaxBytes and the rest) reach the flags
+//     (limits_test.go);
+//   - every telha_* family the worker's metrics package registers is on
+//     the dashboard, and the alerts on the oldest pending request, parked
+//     results and dead letters without their result read the right
+//     metric with the values' thresholds.
 package chartcheck

@@ -40,6 +40,15 @@ var workerMetrics = map[string]string{
 	"telha_writer_wait_seconds":                       "histogram",
 	"telha_writer_task_seconds":                       "histogram",
 	"telha_dead_letter_failures_total":                "counter",
+	"telha_dead_letter_result_failures_total":         "counter",
+	"telha_api_denied_total":                          "counter",
+	"telha_request_queue_seconds":                     "histogram",
+	"telha_queue_oldest_pending_age_seconds":          "gauge",
+	"telha_queue_info_timestamp_seconds":              "gauge",
+	"telha_results_parked":                            "gauge",
+	"telha_results_parked_total":                      "counter",
+	"telha_storage_commit_failures_total":             "counter",
+	"telha_storage_disk_free_bytes":                   "gauge",
 }
 
 // knownMetric reports whether name is exported by the worker.

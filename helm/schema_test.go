@@ -119,6 +119,12 @@ func TestSchemaRejects(t *testing.T) {
 		{"apiFrom without apiPort", []string{"--set", "networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b"}, "apiPort"},
 		{"otlp endpoint without a scheme", []string{"--set", "tracing.otlpEndpoint=collector:4318"}, ""},
 		{"unknown key in networkPolicy.otlp", []string{"--set", "networkPolicy.otlp.ports[0]=4318"}, "additional properties"},
+		{"results size without a number", []string{"--set", "nats.resultsMaxBytes=lots"}, ""},
+		{"dead-letter size with a unit Go does not read", []string{"--set", "nats.dlqMaxBytes=1G"}, ""},
+		{"negative per-tenant limit", []string{"--set", "nats.resultsMaxPerTenant=-1"}, ""},
+		{"fractional per-tenant limit", []string{"--set", "nats.dlqMaxPerTenant=1.5"}, ""},
+		{"GOMEMLIMIT with a unit Go does not read", []string{"--set", "goMemLimit=2G"}, ""},
+		{"unknown key in the oldest-pending alert", []string{"--set", "prometheusRule.alerts.oldestPending.age=5"}, "additional properties"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,6 +148,9 @@ func TestSchemaRejects(t *testing.T) {
 		"extraEnv[0].name=OTEL_EXPORTER_OTLP_ENDPOINT,extraEnv[0].value=http://c:4318",
 		"service.apiPort=8081,networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b",
 		"tracing.otlpEndpoint=https://collector.example.com/v1/traces,networkPolicy.enabled=true",
+		"nats.resultsMaxBytes=512MiB,nats.dlqMaxBytes=2GB,nats.resultsMaxPerTenant=0,nats.dlqMaxPerTenant=500",
+		"goMemLimit=1500MiB",
+		"prometheusRule.enabled=true,prometheusRule.alerts.oldestPending.ageSeconds=60,prometheusRule.alerts.resultsParked.enabled=false",
 	} {
 		if _, stderr, err := helm(templateArgs("--set", valid)...); err != nil {
 			t.Errorf("a valid --set %s failed: %v\n%s", valid, err, stderr)

@@ -6,8 +6,10 @@
 // wiring (package app) turns those into the observations and gauges here.
 //
 // Gauges that describe state (journals in flight, oldest journal age, queue
-// backlog, Pebble health) are computed at scrape time from in-memory state
-// and cached consumer info; a scrape never blocks on NATS or on disk I/O.
+// backlog and the oldest pending request's age, parked results, Pebble
+// health) are computed at scrape time from in-memory state and cached
+// consumer info (its read time is telha_queue_info_timestamp_seconds); a
+// scrape never blocks on NATS or on disk I/O.
 //
 // What it must not do: use per-tenant or per-id labels (unbounded
 // cardinality), or change what it observes.

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/queue/client"
 	"github.com/telha/telha-cascade/storage"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -68,6 +69,7 @@ type Worker struct {
 
 	cons  jetstream.Consumer
 	stats atomic.Pointer[ConsumerStats]
+	pause atomic.Pointer[client.PauseState]
 }
 
 // New returns a worker over an open NATS connection and cascade engine.
@@ -111,6 +113,7 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 		return err
 	}
 	st := &ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()}
+	w.notePause(client.PauseOf(info), "")
 	if st.Pending > 0 || st.AckPending > 0 {
 		if st.Oldest, err = w.oldestPending(ctx, info); err != nil {
 			w.log.Debug("oldest pending request not read", "err", err)
@@ -187,7 +190,18 @@ func (it *item) opLabel() string {
 // Run consumes until ctx is done, then drains: it stops fetching, applies
 // what it already holds, publishes and acks, and returns. The caller then
 // closes the cascade engine (journals in flight stay durable) and the store.
+// The drain is not bounded: see RunUntil.
 func (w *Worker) Run(ctx context.Context) error {
+	return w.RunUntil(ctx, context.WithoutCancel(ctx))
+}
+
+// RunUntil is Run, applying, publishing and acking with work instead: a
+// context that ctx's end (SIGTERM: stop fetching, finish what is held) does
+// not cancel, and a hard stop does (the drain outlasted its grace, or the
+// store failed). Once work is cancelled, nothing more is committed; what is
+// still held is left unacked (it is redelivered to the next worker), and
+// never dead-lettered for it.
+func (w *Worker) RunUntil(ctx, work context.Context) error {
 	if w.cons == nil {
 		return errors.New("queue: Run before Provision")
 	}
@@ -234,7 +248,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() {
 		defer close(finished)
 		for g := range groups {
-			w.finish(g)
+			w.finish(work, g)
 			n := 0
 			for _, it := range g {
 				n += len(it.msg.Data())
@@ -279,7 +293,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				break fill
 			}
 		}
-		groups <- w.apply(batch)
+		groups <- w.apply(work, batch)
 		if closed {
 			break
 		}
@@ -292,7 +306,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // apply decodes a group and applies the valid requests in one transaction
 // (or a few, when they outgrow max_batch_ops), keeping the messages alive
 // with InProgress while it works.
-func (w *Worker) apply(msgs []jetstream.Msg) []*item {
+func (w *Worker) apply(ctx context.Context, msgs []jetstream.Msg) []*item {
 	now := time.Now()
 	items := make([]*item, len(msgs))
 	var (
@@ -352,17 +366,17 @@ func (w *Worker) apply(msgs []jetstream.Msg) []*item {
 		return items
 	}
 	stop := w.keepAlive(msgs)
-	together, alone := w.guard(items, idx)
-	w.applyGuarded(items, together)
+	together, alone := w.guard(ctx, items, idx)
+	w.applyGuarded(ctx, items, together)
 	for _, i := range alone {
-		w.applyGuarded(items, []int{i})
+		w.applyGuarded(ctx, items, []int{i})
 	}
 	stop()
 	return items
 }
 
 // applyGroup applies the requests of items[idx] together.
-func (w *Worker) applyGroup(items []*item, idx []int) {
+func (w *Worker) applyGroup(ctx context.Context, items []*item, idx []int) {
 	if len(idx) == 0 {
 		return
 	}
@@ -375,7 +389,7 @@ func (w *Worker) applyGroup(items []*item, idx []int) {
 			return append(requestAttrs(it), attribute.Int("telha.group_size", len(idx)))
 		})
 	}
-	outs, _, err := w.ops.Apply(context.Background(), reqs)
+	outs, _, err := w.ops.Apply(ctx, reqs)
 	for k, i := range idx {
 		if outs[k].Kind != 0 {
 			items[i].applied, items[i].outcome = true, outs[k]
@@ -407,7 +421,7 @@ func (w *Worker) applyGroup(items []*item, idx []int) {
 // sorts them: handled together (first deliveries, and redeliveries without
 // a marker), handled alone (a marker: it killed the worker before), or
 // dead-lettered (MaxDeaths reached).
-func (w *Worker) guard(items []*item, idx []int) (together, alone []int) {
+func (w *Worker) guard(ctx context.Context, items []*item, idx []int) (together, alone []int) {
 	var redelivered []int
 	for _, i := range idx {
 		if m := items[i].meta; m != nil && m.NumDelivered > 1 {
@@ -419,7 +433,7 @@ func (w *Worker) guard(items []*item, idx []int) (together, alone []int) {
 	if len(redelivered) == 0 {
 		return together, nil
 	}
-	err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+	err := w.store.Update(ctx, func(t *storage.Txn) error {
 		for _, i := range redelivered {
 			m := items[i].meta
 			d, found, err := t.Delivery(m.Stream, m.Sequence.Stream)
@@ -459,7 +473,7 @@ func (w *Worker) guard(items []*item, idx []int) (together, alone []int) {
 
 // applyGuarded applies items[idx] together, with the delivery markers of
 // its redelivered messages stored for the time of the handling.
-func (w *Worker) applyGuarded(items []*item, idx []int) {
+func (w *Worker) applyGuarded(ctx context.Context, items []*item, idx []int) {
 	var mark []*item
 	for _, i := range idx {
 		if m := items[i].meta; m != nil && m.NumDelivered > 1 {
@@ -467,7 +481,7 @@ func (w *Worker) applyGuarded(items []*item, idx []int) {
 		}
 	}
 	if len(mark) > 0 {
-		err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+		err := w.store.Update(ctx, func(t *storage.Txn) error {
 			for _, it := range mark {
 				t.MarkDelivery(it.meta.Stream, it.meta.Sequence.Stream, it.deaths)
 			}
@@ -477,16 +491,16 @@ func (w *Worker) applyGuarded(items []*item, idx []int) {
 			w.log.Warn("crash-loop guard: delivery markers not stored", "err", err)
 		}
 	}
-	w.applyGroup(items, idx)
-	w.clearMarkers(mark)
+	w.applyGroup(ctx, items, idx)
+	w.clearMarkers(ctx, mark)
 }
 
 // clearMarkers deletes the delivery markers of items.
-func (w *Worker) clearMarkers(items []*item) {
+func (w *Worker) clearMarkers(ctx context.Context, items []*item) {
 	if len(items) == 0 {
 		return
 	}
-	err := w.store.Update(context.Background(), func(t *storage.Txn) error {
+	err := w.store.Update(ctx, func(t *storage.Txn) error {
 		for _, it := range items {
 			t.ClearDelivery(it.meta.Stream, it.meta.Sequence.Stream)
 		}
@@ -524,9 +538,9 @@ func (w *Worker) keepAlive(msgs []jetstream.Msg) func() {
 }
 
 // finish publishes dead letters and results, then acks, terminates or naks
-// each message of a group.
-func (w *Worker) finish(items []*item) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// each message of a group. work is RunUntil's.
+func (w *Worker) finish(work context.Context, items []*item) {
+	ctx, cancel := context.WithTimeout(work, 30*time.Second)
 	defer cancel()
 	defer func() {
 		var marked []*item
@@ -535,7 +549,7 @@ func (w *Worker) finish(items []*item) {
 				marked = append(marked, it)
 			}
 		}
-		w.clearMarkers(marked)
+		w.clearMarkers(work, marked)
 	}()
 	type pending struct {
 		it  *item
@@ -560,6 +574,9 @@ func (w *Worker) finish(items []*item) {
 				}
 			}
 			w.deadLetter(ctx, it, it.rej.Reason, it.rej.Err, res)
+		case !it.applied && work.Err() != nil:
+			// A hard stop, not the request's doing: it comes back.
+			_ = it.msg.Nak()
 		case !it.applied:
 			delivered := uint64(1)
 			if it.meta != nil {
@@ -588,7 +605,7 @@ func (w *Worker) finish(items []*item) {
 			// The journal (the commit point) is durable: the cascade will
 			// complete, and its result is published from the outbox when the
 			// node tombstone lands (package reaper).
-			w.ack(it)
+			w.ack(ctx, it)
 		default:
 			res := resultOfOutcome(&it.req, it.outcome)
 			fut, err := w.publishResult(it.trace, res)
@@ -608,7 +625,7 @@ func (w *Worker) finish(items []*item) {
 			if w.hooks.Result != nil {
 				w.hooks.Result(p.it.opLabel(), p.res.Status)
 			}
-			w.ack(p.it)
+			w.ack(ctx, p.it)
 		case err := <-p.fut.Err():
 			w.log.Warn("result not accepted by the results stream; the request will be redelivered", "request_id", p.res.RequestID, "err", err)
 			_ = p.it.msg.NakWithDelay(time.Second)
@@ -618,11 +635,11 @@ func (w *Worker) finish(items []*item) {
 	}
 }
 
-func (w *Worker) ack(it *item) {
+func (w *Worker) ack(ctx context.Context, it *item) {
 	if w.cfg.SecureDeleteAcked && it.meta != nil {
 		// Overwrite the message's bytes before the ack unlinks it (a
 		// failure costs the overwrite, never the ack).
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if s, err := w.reqStream(ctx); err == nil {
 			err = s.SecureDeleteMsg(ctx, it.meta.Sequence.Stream)
 			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -696,7 +713,9 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		m.Header.Set("Telha-Original-Msg-Id", clip(origID, MaxHeaderBytes))
 	}
 	fitDeadLetter(m, w.maxPayload())
-	last := delivered >= uint64(w.cfg.MaxDeliver)
+	// On a hard stop (ctx cancelled, not timed out) a failed publish is no
+	// reason to terminate the message without its copy or result.
+	last := func() bool { return delivered >= uint64(w.cfg.MaxDeliver) && !errors.Is(ctx.Err(), context.Canceled) }
 	keep := func() {
 		// Redelivered, it is dead-lettered again: the copy under the same
 		// id is dropped as a duplicate, and a crash_loop message keeps its
@@ -705,7 +724,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 		_ = it.msg.NakWithDelay(w.cfg.backoff(delivered))
 	}
 	if ack, err := w.js.PublishMsg(ctx, m); err != nil {
-		if !last {
+		if !last() {
 			w.log.Error("dead letter not stored; the message is kept for redelivery", "reason", reason, "stream", stream, "seq", seq,
 				"subject", it.msg.Subject(), "msg_id", clip(origID, MaxEchoBytes), "request_id", res.RequestID, "delivery", delivered, "err", err)
 			keep()
@@ -736,7 +755,7 @@ func (w *Worker) deadLetter(ctx context.Context, it *item, reason, why string, r
 	// terminated anyway, and the answer lost), or loudly on the last
 	// delivery.
 	if _, err := w.js.PublishMsg(ctx, rm); err != nil {
-		if !last {
+		if !last() {
 			w.log.Warn("the result of a dead-lettered request was not stored; the message is kept for redelivery", "reason", reason,
 				"request_id", res.RequestID, "status", res.Status, "stream", stream, "seq", seq, "delivery", delivered, "err", err)
 			keep()

@@ -38,6 +38,12 @@ commands:
                   its original subject, or remove one
   owner --tenant T
                   the partition of a tenant and the replica that owns it
+  pause --replica N|--all [--for D]
+                  pause a replica's consumer (JetStream consumer pause):
+                  its worker takes no request until resumed (or for D);
+                  the pause survives a restart
+  resume --replica N|--all
+                  resume it
 
 enqueue <command> -h lists a command's own flags. Global flags may also
 follow the command (enqueue put-node --wait ...). Every NATS flag also reads
@@ -86,6 +92,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runDLQ(ctx, &g, rest, stdout, stderr)
 	case "owner":
 		err = runOwner(ctx, &g, rest, stdout, stderr)
+	case "pause", "resume":
+		err = runPause(ctx, &g, cmd, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n", cmd)
 		fs.Usage()

@@ -239,6 +239,10 @@ the variable would be silently ignored).
 - {{ printf "--shutdown-grace=%s" .Values.shutdownGrace | quote }}
 - {{ printf "--results-max-age=%s" .Values.resultsMaxAge | quote }}
 - {{ printf "--dlq-max-age=%s" .Values.dlqMaxAge | quote }}
+- {{ printf "--results-max-bytes=%s" (toString .Values.nats.resultsMaxBytes) | quote }}
+- {{ printf "--dlq-max-bytes=%s" (toString .Values.nats.dlqMaxBytes) | quote }}
+- --results-max-per-tenant={{ int64 .Values.nats.resultsMaxPerTenant }}
+- --dlq-max-per-tenant={{ int64 .Values.nats.dlqMaxPerTenant }}
 - {{ printf "--reaper-schedule=%s" .Values.reaperSchedule | quote }}
 - --log-format={{ .Values.logFormat }}
 {{- if and $creds.name $creds.credsKey }}
