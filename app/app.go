@@ -221,6 +221,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 
 	sizes := storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20}
 	var durable storage.Durable
+	var copies storage.CopyScrubber
 	if cfg.Changelog == ChangelogJetStream {
 		// The changelog needs NATS before the store opens: the store is
 		// rebuilt from it (restore, replay) and then commits through it.
@@ -242,7 +243,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
-		a.changelog, durable = cl, cl.cl
+		a.changelog, durable, copies = cl, cl.cl, cl
 	}
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
@@ -253,7 +254,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 		},
 		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
-		Sizes: sizes, Durable: durable,
+		Sizes: sizes, Durable: durable, Copies: copies,
 	})
 	if err != nil {
 		return err

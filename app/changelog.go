@@ -51,6 +51,13 @@ import (
 // The TxClock of the store opened after the replay starts above every tx
 // in the replayed data: the store derives its high-water mark from its
 // tx-index and journal keys (Store.readHWM), which the write-sets carry.
+//
+// An erase reaches the changelog and the checkpoints before its result
+// (issue 21 item 6; ScrubCopies below): once the local scrub is done, the
+// store holds its writer, commits a marker, and the changelog checkpoints
+// the scrubbed store, purges the whole stream below it, and deletes every
+// older checkpoint with its chunks overwritten (partition.DeleteCheckpoint;
+// the scheduled prune deletes the same way).
 
 // Changelog modes of --changelog.
 const (
@@ -62,7 +69,8 @@ func registerChangelog(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Changelog, "changelog", ChangelogOff, "off: the local Pebble is the only copy of this replica's data (every commit fsynced); "+
 		"jetstream: every committed batch is first appended to a replicated JetStream stream (TELHA_LOG_STATIC<N>_<i>) and only then committed locally, "+
 		"without fsync; checkpoints go to the Object Store bucket TELHA_CKPT_STATIC<N>; a replica that starts on an empty or lost disk restores "+
-		"the newest checkpoint and replays the changelog before it serves. Erased data stays in the changelog and checkpoints (not yet scrubbed there)")
+		"the newest checkpoint and replays the changelog before it serves. An erase reaches both before its result: the store is checkpointed, the changelog purged whole "+
+		"and every older checkpoint overwritten and deleted, the writer held meanwhile")
 	fs.IntVar(&c.ChangelogReplicas, "changelog-replicas", 0, "replicas of the changelog stream and the checkpoint bucket (0: --stream-replicas; 3 on a JetStream cluster)")
 	fs.StringVar(&c.CheckpointSchedule, "checkpoint-schedule", "@every 10m", "cron spec of checkpoints with --changelog jetstream (5 fields, or a descriptor such as @every 10m); "+
 		"a restore replays the changelog written since the newest one")
@@ -136,6 +144,9 @@ type ChangelogStatus struct {
 	LastAt         time.Time
 	LastErr        string
 	PurgedBelow    uint64
+	// EraseScrubs counts the erases that reached the changelog and the
+	// checkpoints (ScrubCopies).
+	EraseScrubs int
 }
 
 // changelog is the running changelog of a replica.
@@ -410,11 +421,19 @@ func (c *changelog) dropCheckpoints(ctx context.Context) error {
 	}
 	for _, cp := range cps {
 		c.log.Warn("changelog: deleting a checkpoint of a previous changelog", "name", cp.Name, "seq", cp.Seq)
-		if err := c.obs.Delete(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		if err := c.deleteCheckpoint(ctx, cp.Name); err != nil {
 			return fmt.Errorf("changelog: delete %s: %w", cp.Name, err)
 		}
 	}
 	return nil
+}
+
+// deleteCheckpoint deletes a checkpoint so that its bytes leave the NATS
+// server's files too (partition.DeleteCheckpoint): a checkpoint pruned
+// before an erase would otherwise keep the erased data in the bucket's
+// block files.
+func (c *changelog) deleteCheckpoint(ctx context.Context, name string) error {
+	return partition.DeleteCheckpoint(ctx, c.js, c.obs, c.status.Bucket, name)
 }
 
 func isEmpty(db *pebble.DB) (bool, error) {
@@ -472,7 +491,7 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	var floor uint64
 	if err == nil {
 		var need uint64
-		need, err = partition.Prune(ctx, c.obs, c.part, c.cfg.CheckpointsKeep)
+		need, err = partition.PruneWith(ctx, c.obs, c.part, c.cfg.CheckpointsKeep, c.deleteCheckpoint)
 		if err == nil {
 			floor = partition.PurgeFloor(need)
 			err = c.cl.PurgeBelow(ctx, floor)
@@ -488,4 +507,88 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	c.status.LastCheckpoint, c.status.LastErr, c.status.PurgedBelow = info, "", floor
 	c.log.Info("changelog: checkpoint", "name", info.Name, "seq", info.Seq, "bytes", info.Size, "purged_below", floor, "took", time.Since(t0))
 	return info, nil
+}
+
+// copyScrubTimeout bounds one scrub of the copies: the writer is held
+// while it runs (every request waits), so a NATS that does not answer
+// fails the erase's attempt (retried after a backoff) rather than stalling
+// the replica.
+const copyScrubTimeout = 2 * time.Minute
+
+// ScrubCopies makes an erase reach the changelog and the checkpoints
+// (storage.CopyScrubber; issue 21 item 6). The store calls it after its own
+// scrub, on its writer, right after committing a marker write-set, so the
+// log ends at that marker's sequence S and nothing appends until it
+// returns:
+//
+//	checkpoint the scrubbed store       it reflects S (checked) and holds no
+//	                                    erased byte; it is the newest
+//	purge the changelog below S + 1     the whole stream: the server deletes
+//	                                    every block file (a purge below a
+//	                                    sequence inside a block would keep
+//	                                    that block's purged bytes)
+//	delete every older checkpoint       each chunk overwritten in place by
+//	                                    the server, then the object deleted
+//
+// Rule (standbys, when they exist): the purge below S + 1 must wait until
+// every standby has applied S (PurgeFloor with their applied sequences);
+// until then this returns an error, and the erase's result waits.
+//
+// An error leaves the erase unfinished (no receipt, no result): the reaper
+// retries it after a backoff, and each retry checkpoints again. Between the
+// checkpoint and the deletes the bucket holds the new checkpoint as its
+// newest, so a restore at any point finds a clean one; the changelog is
+// purged only once that checkpoint is stored.
+func (c *changelog) ScrubCopies(ctx context.Context) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, copyScrubTimeout)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t0 := time.Now()
+	defer func() {
+		if err != nil {
+			c.status.LastErr = err.Error()
+			c.log.Error("changelog: an erase could not reach the changelog or the checkpoints: they may still hold its data; "+
+				"its result waits, and it is retried after a backoff", "stream", c.status.Stream, "bucket", c.status.Bucket, "err", err)
+		}
+	}()
+	db := c.db.Load()
+	if db == nil {
+		return errors.New("changelog: store not open")
+	}
+	info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+	if err != nil {
+		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
+	}
+	if last := c.cl.Last(); info.Seq != last {
+		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d but the log ends at %d: not purging", info.Seq, last)
+	}
+	// No standbys in this step: the checkpoint alone sets the floor.
+	floor := partition.PurgeFloor(info.Seq + 1)
+	if floor < info.Seq+1 {
+		return fmt.Errorf("changelog: a standby has applied only up to %d, below the erase's checkpoint at %d: the changelog cannot be purged yet", floor-1, info.Seq)
+	}
+	if err := c.cl.PurgeBelow(ctx, floor); err != nil {
+		return fmt.Errorf("changelog: purge after an erase: %w", err)
+	}
+	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil {
+		return err
+	}
+	deleted := 0
+	for _, cp := range cps {
+		if cp.Seq >= info.Seq {
+			continue
+		}
+		if err := c.deleteCheckpoint(ctx, cp.Name); err != nil {
+			return fmt.Errorf("changelog: delete checkpoint %s after an erase: %w", cp.Name, err)
+		}
+		deleted++
+	}
+	c.status.Checkpoints++
+	c.status.LastCheckpoint, c.status.LastAt, c.status.LastErr, c.status.PurgedBelow = info, time.Now(), "", floor
+	c.status.EraseScrubs++
+	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", info.Name, "seq", info.Seq, "bytes", info.Size,
+		"purged_below", floor, "checkpoints_deleted", deleted, "writer_held", time.Since(t0))
+	return nil
 }

@@ -184,8 +184,9 @@ func changelogStream(t *testing.T, js jetstream.JetStream, name string) jetstrea
 // TestChangelogLoseDiskLoseNothing: a worker with --changelog jetstream
 // answers a mix (puts, tombstones, a journaled hub, an erase); it stops
 // and its Pebble directory is deleted; restarted on the empty directory it
-// replays the changelog and answers every read and request lookup exactly
-// as before, and new requests get tx_times above every earlier one.
+// restores the checkpoint its erase took (issue 21 item 6), replays the
+// changelog's tail and answers every read and request lookup exactly as
+// before, and new requests get tx_times above every earlier one.
 func TestChangelogLoseDiskLoseNothing(t *testing.T) {
 	ns := testnats.Start(t)
 	dir := t.TempDir()
@@ -193,11 +194,20 @@ func TestChangelogLoseDiskLoseNothing(t *testing.T) {
 	b := newBus(t, ns)
 	a := &acked{tenant: "lose"}
 	mixLoad(t, b, a)
+	// mixLoad ends with an erase, which checkpoints the store and purges
+	// the changelog below (issue 21 item 6): these are the log's tail.
+	tail := len(a.requests)
+	for _, id := range ids(3) {
+		r := a.ok(t, b, node(id))
+		a.entity("nodes", id, r.TxTime)
+	}
+	tail = len(a.requests) - tail
 	before := answers(t, w, a.paths)
 	st := w.app.ChangelogStatus()
-	if st.Stream != "TELHA_LOG_STATIC1_0" || st.ClaimSeq == 0 {
-		t.Fatalf("status %+v", st)
+	if st.Stream != "TELHA_LOG_STATIC1_0" || st.ClaimSeq == 0 || st.EraseScrubs != 1 {
+		t.Fatalf("status %+v, want one erase's scrub of the copies", st)
 	}
+	cp := st.LastCheckpoint
 	if err := w.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -205,8 +215,8 @@ func TestChangelogLoseDiskLoseNothing(t *testing.T) {
 	loseDisk(t, dir)
 	w = startWorker(t, ns, dir, Options{}, changelogFlags...)
 	st = w.app.ChangelogStatus()
-	if st.Restored || st.ReplayFrom != 1 || st.Replayed < len(a.requests) {
-		t.Fatalf("restart on an empty disk: %+v, want a replay from 1 of at least %d write-sets", st, len(a.requests))
+	if !st.Restored || st.RestoredSeq != cp.Seq || st.ReplayFrom != cp.Seq+1 || st.Replayed < tail {
+		t.Fatalf("restart on an empty disk: %+v, want the erase's checkpoint at %d restored and a replay of at least %d write-sets", st, cp.Seq, tail)
 	}
 	sameAnswers(t, before, answers(t, w, a.paths))
 	newRequestsWork(t, b, a)
@@ -248,8 +258,19 @@ func TestChangelogRestoreFromCheckpointAfterPurge(t *testing.T) {
 		t.Fatalf("checkpoints kept: %v %v, want 1", cps, err)
 	}
 	// The tail the restore must replay.
+	// mixLoad's erase checkpoints too (its scrub of the copies), and keep=1
+	// leaves that one only: the tail is what comes after it.
 	tail := &acked{tenant: "tail"}
 	mixLoad(t, b, tail)
+	cp = w.app.ChangelogStatus().LastCheckpoint
+	if cps, err := partition.ListCheckpoints(ctx, mustObs(t, b.js, "TELHA_CKPT_STATIC1"), 0); err != nil || len(cps) != 1 || cps[0].Seq != cp.Seq {
+		t.Fatalf("checkpoints kept after the erase: %v %v, want the erase's at %d only", cps, err, cp.Seq)
+	}
+	n0 := len(tail.requests)
+	for _, id := range ids(3) {
+		r := tail.ok(t, b, node(id))
+		tail.entity("nodes", id, r.TxTime)
+	}
 	before := answers(t, w, append(append([]string{}, a.paths...), tail.paths...))
 	if err := w.stop(); err != nil {
 		t.Fatal(err)
@@ -258,8 +279,8 @@ func TestChangelogRestoreFromCheckpointAfterPurge(t *testing.T) {
 	loseDisk(t, dir)
 	w = startWorker(t, ns, dir, Options{}, flags...)
 	st := w.app.ChangelogStatus()
-	if !st.Restored || st.RestoredSeq != cp.Seq || st.ReplayFrom != cp.Seq+1 || st.Replayed < len(tail.requests) {
-		t.Fatalf("restart after a purge: %+v, want a restore at %d and a replay of the tail (%d requests)", st, cp.Seq, len(tail.requests))
+	if !st.Restored || st.RestoredSeq != cp.Seq || st.ReplayFrom != cp.Seq+1 || st.Replayed < len(tail.requests)-n0 {
+		t.Fatalf("restart after a purge: %+v, want a restore at %d and a replay of the tail (%d requests)", st, cp.Seq, len(tail.requests)-n0)
 	}
 	sameAnswers(t, before, answers(t, w, append(append([]string{}, a.paths...), tail.paths...)))
 	tail.lastTx = max(tail.lastTx, a.lastTx)
@@ -335,9 +356,10 @@ func TestChangelogZombieIsFenced(t *testing.T) {
 
 // TestChangelogUpgradeSeedsTheLog: a data directory written with
 // --changelog off is restarted with --changelog jetstream: it seeds the
-// changelog with a checkpoint at sequence 0 and loses nothing; then its
-// disk is lost: the restart restores the seed, replays the rest, and
-// answers everything as before.
+// changelog with a checkpoint at sequence 0 and loses nothing; more
+// writes, an erase among them (which checkpoints the store and deletes the
+// seed); then its disk is lost: the restart restores the erase's
+// checkpoint, replays the rest, and answers everything as before.
 func TestChangelogUpgradeSeedsTheLog(t *testing.T) {
 	ns := testnats.Start(t)
 	dir := t.TempDir()
@@ -360,6 +382,17 @@ func TestChangelogUpgradeSeedsTheLog(t *testing.T) {
 	if later.requests[0] == "" || later.lastTx <= a.lastTx {
 		t.Fatalf("tx after the upgrade %s not above %s", later.lastTx, a.lastTx)
 	}
+	// later's erase checkpoints the store and deletes the seed (it held the
+	// erased data); the writes after it are the tail.
+	cp := w.app.ChangelogStatus().LastCheckpoint
+	if cp.Seq == 0 {
+		t.Fatalf("no checkpoint after the erase: %+v", w.app.ChangelogStatus())
+	}
+	n0 := len(later.requests)
+	for _, id := range ids(3) {
+		r := later.ok(t, b, node(id))
+		later.entity("nodes", id, r.TxTime)
+	}
 	paths := append(append([]string{}, a.paths...), later.paths...)
 	before = answers(t, w, paths)
 	if err := w.stop(); err != nil {
@@ -368,8 +401,8 @@ func TestChangelogUpgradeSeedsTheLog(t *testing.T) {
 
 	loseDisk(t, dir)
 	w = startWorker(t, ns, dir, Options{}, changelogFlags...)
-	if st := w.app.ChangelogStatus(); !st.Restored || st.RestoredSeq != 0 || st.Replayed < len(later.requests) {
-		t.Fatalf("restart after the upgrade and a lost disk: %+v, want the seed (0) restored and the rest replayed", st)
+	if st := w.app.ChangelogStatus(); !st.Restored || st.RestoredSeq != cp.Seq || st.Replayed < len(later.requests)-n0 {
+		t.Fatalf("restart after the upgrade and a lost disk: %+v, want the erase's checkpoint (%d) restored and the rest replayed", st, cp.Seq)
 	}
 	sameAnswers(t, before, answers(t, w, paths))
 	newRequestsWork(t, b, later)

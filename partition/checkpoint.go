@@ -385,6 +385,12 @@ func writeFile(path string, r io.Reader) error {
 // Pass it to PurgeFloor, with the standbys' applied sequences, before
 // PurgeBelow.
 func Prune(ctx context.Context, obs jetstream.ObjectStore, p int, keep int) (uint64, error) {
+	return PruneWith(ctx, obs, p, keep, func(ctx context.Context, name string) error { return obs.Delete(ctx, name) })
+}
+
+// PruneWith is Prune deleting each checkpoint with del (DeleteCheckpoint,
+// so the pruned checkpoints' bytes leave the server's files: erasure).
+func PruneWith(ctx context.Context, obs jetstream.ObjectStore, p int, keep int, del func(ctx context.Context, name string) error) (uint64, error) {
 	if keep < 1 {
 		return 0, fmt.Errorf("partition %d: prune must keep at least one checkpoint, not %d", p, keep)
 	}
@@ -397,7 +403,7 @@ func Prune(ctx context.Context, obs jetstream.ObjectStore, p int, keep int) (uin
 	}
 	cut := max(0, len(cps)-keep)
 	for _, cp := range cps[:cut] {
-		if err := obs.Delete(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		if err := del(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 			return 0, fmt.Errorf("partition %d: prune %s: %w", p, cp.Name, err)
 		}
 	}

@@ -82,4 +82,14 @@
 // Rule: never purge the changelog below the oldest kept checkpoint's
 // sequence + 1, nor below any standby's applied sequence + 1. PurgeFloor
 // computes that minimum; Prune returns the checkpoint half of it.
+//
+// # Erasure
+//
+// A purge below a sequence inside a block file, and an object delete, leave
+// the removed messages' bytes in the server's block files (erase.go says
+// where, from nats-server's file store). So an erase purges the changelog
+// whole (below its last sequence + 1, after a checkpoint at that sequence,
+// with no append in between: app/changelog.go ScrubCopies) and checkpoints
+// are deleted with DeleteCheckpoint (each chunk overwritten in place, then
+// the object deleted); Prune's caller passes it to PruneWith.
 package partition

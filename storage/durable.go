@@ -43,6 +43,47 @@ type Durable interface {
 	Append(ctx context.Context, writeSet []byte) (seq uint64, err error)
 }
 
+// CopyScrubber makes erased bytes leave the durable copies of a store
+// that live outside its disk: with a changelog, its stream's files and the
+// checkpoints (app/changelog.go implements it; storage never imports NATS).
+//
+// # Erasure and the copies
+//
+// Invariant (an erase reaches every copy before its result): Scrub, after
+// it has made the erased bytes leave the local disk, and before the erase's
+// finishing batch (receipt, result outbox row, erasure record) can commit,
+// runs ScrubCopies on the writer, so nothing else commits meanwhile:
+//
+//	commit a marker write-set (log data only)   the log's last sequence S is
+//	                                            new: no checkpoint taken
+//	                                            before the scrub is named S
+//	ScrubCopies(ctx)                            the copies below S hold no
+//	                                            erased byte once it returns
+//
+// Every write-set up to S is in the local store, which the scrub just made
+// free of the erased bytes, so a checkpoint taken now reflects S and holds
+// none of them; the writer is held, so the log ends at S and everything
+// below S + 1 can go. An error fails the erase's attempt: its result is not
+// stored (nor published), and the reaper retries it after a backoff.
+type CopyScrubber interface {
+	ScrubCopies(ctx context.Context) error
+}
+
+// scrubCopies is the end of Scrub when the store has copies elsewhere.
+func (s *Store) scrubCopies(ctx context.Context) error {
+	return s.w.do(ctx, Foreground, func() error {
+		b := s.eng.NewBatch()
+		defer b.Close()
+		if err := b.LogData([]byte("telha erase: scrub of the copies"), nil); err != nil {
+			return fmt.Errorf("%w: erase marker: %w", ErrStorage, err)
+		}
+		if err := s.commit(b); err != nil {
+			return err
+		}
+		return s.copies.ScrubCopies(ctx)
+	})
+}
+
 // DefaultDurableTimeout bounds one Append when Options.DurableTimeout is 0:
 // above a JetStream leader election (a few seconds), below the consumer's
 // AckWait (30 s), so a stalled changelog ends the process (and its

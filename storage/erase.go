@@ -385,6 +385,10 @@ type ScrubStats struct {
 	WALsDeleted  int64
 	Took         time.Duration
 	ObsoleteLeft int64
+	// Copies: the copies outside the disk were scrubbed too (CopyScrubber),
+	// taking CopiesTook of it, the writer held meanwhile.
+	Copies     bool
+	CopiesTook time.Duration
 }
 
 // ErrScrub: the data directory could not be proven free of erased bytes in
@@ -399,7 +403,8 @@ var ErrScrub = errors.New("scrub incomplete")
 // until Pebble has deleted every obsolete table and WAL file. A snapshot
 // older than the erase would keep the old values in the compacted tables,
 // so the caller runs it with no journal applier (the only snapshot
-// holders) in flight.
+// holders) in flight. With Options.Copies it then scrubs the copies
+// outside the disk (durable.go, "Erasure and the copies").
 func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	start := time.Now()
 	var st ScrubStats
@@ -444,6 +449,13 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 			return st, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if s.copies != nil {
+		t0 := time.Now()
+		if err := s.scrubCopies(ctx); err != nil {
+			return st, fmt.Errorf("%w: the copies outside the disk (changelog, checkpoints): %w", ErrScrub, err)
+		}
+		st.Copies, st.CopiesTook = true, time.Since(t0)
 	}
 	st.Took = time.Since(start)
 	return st, nil

@@ -52,6 +52,11 @@ type Options struct {
 	// DurableTimeout bounds one Durable.Append (DefaultDurableTimeout when
 	// 0); past it the store stops (durable.go).
 	DurableTimeout time.Duration
+	// Copies, when set with Durable, makes an erase reach the copies of
+	// this store outside its disk (the changelog's stream files, the
+	// checkpoints): Scrub calls it, holding the writer, before an erase's
+	// result is stored (durable.go, "Erasure and the copies").
+	Copies CopyScrubber
 	// OnTxnRead, a test signal, is called before every read a transaction
 	// makes (Update). It may block: interleaving tests hold a decision
 	// between two of its reads with it and check that nothing commits
@@ -98,6 +103,7 @@ type Store struct {
 
 	durable        Durable
 	durableTimeout time.Duration
+	copies         CopyScrubber
 	db             *pebble.DB // OpenStore's Pebble (checkpoints); nil for OpenEngine
 
 	failures    atomic.Int64 // consecutive failed durable commits
@@ -166,6 +172,7 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 		fatal:     fatal,
 		onTxnRead: opts.OnTxnRead,
 		durable:   opts.Durable,
+		copies:    opts.Copies,
 	}
 	s.durableTimeout = opts.DurableTimeout
 	if s.durableTimeout <= 0 {

@@ -1,0 +1,276 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/partition"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// objectsWith returns the objects of bucket (every partition's, deleted
+// ones skipped) whose bytes contain s.
+func objectsWith(t *testing.T, obs jetstream.ObjectStore, s string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	infos, err := obs.List(ctx)
+	if err != nil && err != jetstream.ErrNoObjectsFound {
+		t.Fatal(err)
+	}
+	var hits []string
+	for _, o := range infos {
+		if o.Deleted {
+			continue
+		}
+		b, err := obs.GetBytes(ctx, o.Name)
+		if err != nil {
+			t.Fatalf("get %s: %v", o.Name, err)
+		}
+		if bytes.Contains(b, []byte(s)) {
+			hits = append(hits, o.Name)
+		}
+	}
+	return hits
+}
+
+// purgesPending lists the directories a JetStream file store moves a
+// purged stream's blocks into and removes in the background.
+func purgesPending(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "__msgs__" || d.Name() == "__new_msgs__") {
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestChangelogEraseReachesEveryCopy (issue 21 item 6): with --changelog
+// jetstream, a node whose props carry a marker and an edge whose
+// provenance reason carries another are written and checkpointed (so a
+// kept checkpoint and the changelog's stream files hold both markers);
+// erase_node of the node; after its result, no file under the NATS
+// server's store directory, no object of the checkpoint bucket and no file
+// of the local Pebble holds either marker, while a node not erased is still
+// in the kept checkpoint. Then the disk is lost: the restore answers the
+// erased state (the erasure record, erased versions) and holds no marker.
+func TestChangelogEraseReachesEveryCopy(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	flags := append(append([]string{}, changelogFlags...), "--secure-delete-requests", "--checkpoints-keep", "2")
+	w := startWorker(t, ns, dir, Options{}, flags...)
+	b := newBus(t, ns)
+	const tenant = "gdpr"
+	nodeMark, edgeMark, keepMark := "NODEMARK"+uuid.NewString()[:8], "EDGEMARK"+uuid.NewString()[:8], "KEEPMARK"+uuid.NewString()[:8]
+	n, m, keep, e := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": n,
+		"props": map[string]any{"name": nodeMark}, "provenance": map[string]any{"actor": "crm", "reason": "signup"}})))
+	mustOK(t, b.wait(b.send(tenant, node(m))))
+	mustOK(t, b.wait(b.send(tenant, withMarker(node(keep), keepMark))))
+	ed := edge(e, n, m)
+	ed["provenance"] = map[string]any{"actor": "crm", "reason": edgeMark}
+	mustOK(t, b.wait(b.send(tenant, ed)))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := w.app.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// New versions carrying the markers, after the checkpoint: the
+	// changelog holds them too (the checkpoint purged it below itself).
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": n,
+		"props": map[string]any{"name": nodeMark, "v": 2}, "provenance": map[string]any{"actor": "crm", "reason": "update"}})))
+	ed2 := edge(e, n, m)
+	ed2["props"] = map[string]any{"v": 2}
+	ed2["provenance"] = map[string]any{"actor": "crm", "reason": edgeMark}
+	mustOK(t, b.wait(b.send(tenant, ed2)))
+	natsDir := ns.Opts.StoreDir
+	pebbleDir := filepath.Join(dir, "pebble")
+	obs := mustObs(t, b.js, "TELHA_CKPT_STATIC1")
+	st := w.app.ChangelogStatus()
+	logDir := filepath.Join(natsDir, "jetstream", "$G", "streams", st.Stream)
+	// The scans must be able to see the markers, or their silence proves nothing.
+	for _, mk := range []string{nodeMark, edgeMark} {
+		if len(filesWith(t, logDir, mk)) == 0 {
+			t.Fatalf("%s is in no file of the changelog stream before the erase", mk)
+		}
+		if len(objectsWith(t, obs, mk)) == 0 {
+			t.Fatalf("%s is in no checkpoint before the erase", mk)
+		}
+	}
+
+	rid := b.send(tenant, eraseNode(n, "GDPR art. 17, ticket 21"))
+	r := mustOK(t, b.wait(rid))
+	if r.VersionsErased == nil || *r.VersionsErased < 5 { // the node's puts and tombstone, the edge's puts and tombstone
+		t.Fatalf("erase_node result: %+v", r)
+	}
+
+	// The server removes a purged stream's old blocks right after the purge
+	// returns, in the background: give it a moment (RELIABILITY.md says so).
+	deadline := time.Now().Add(5 * time.Second)
+	for len(purgesPending(t, natsDir)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, mk := range []string{nodeMark, edgeMark} {
+		if hits := filesWith(t, natsDir, mk); len(hits) > 0 {
+			t.Errorf("after the erase's result, %s is still in NATS files %v", mk, hits)
+		}
+		if hits := objectsWith(t, obs, mk); len(hits) > 0 {
+			t.Errorf("after the erase's result, %s is still in checkpoints %v", mk, hits)
+		}
+		if hits := filesWith(t, pebbleDir, mk); len(hits) > 0 {
+			t.Errorf("after the erase's result, %s is still in Pebble files %v", mk, hits)
+		}
+	}
+	if len(objectsWith(t, obs, keepMark)) == 0 {
+		t.Fatal("the node not erased is in no kept checkpoint: the checkpoint scan is blind")
+	}
+	cps, err := partition.ListCheckpoints(ctx, obs, 0)
+	if err != nil || len(cps) == 0 {
+		t.Fatalf("checkpoints after the erase: %v %v", cps, err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Lose the disk: the restore has the erased state and no marker.
+	if err := w.stop(); err != nil {
+		t.Fatal(err)
+	}
+	loseDisk(t, dir)
+	w = startWorker(t, ns, dir, Options{}, flags...)
+	if st := w.app.ChangelogStatus(); !st.Restored {
+		t.Fatalf("restart on an empty disk: %+v, want a restore", st)
+	}
+	var rec api.Erasure
+	if code := w.get("/v1/tenants/"+tenant+"/erasures/"+rid, &rec); code != http.StatusOK || rec.State != "done" || rec.VersionsErased != *r.VersionsErased {
+		t.Fatalf("erasure record after the restore: %d %+v", code, rec)
+	}
+	for _, path := range []string{"/nodes/" + n, "/edges/" + e} {
+		var h struct{ Versions []api.Version }
+		if code := w.get("/v1/tenants/"+tenant+path+"/history", &h); code != http.StatusOK || len(h.Versions) < 2 {
+			t.Fatalf("history of %s after the restore: %d %+v", path, code, h)
+		}
+		for _, v := range h.Versions {
+			if !v.Erased || string(v.Props) != "null" || v.Provenance.Reason != "" || v.Provenance.Actor != "" {
+				t.Fatalf("%s after the restore: version not erased: %+v", path, v)
+			}
+		}
+	}
+	var kv api.Version
+	if code := w.get("/v1/tenants/"+tenant+"/nodes/"+keep, &kv); code != http.StatusOK || !strings.Contains(string(kv.Props), keepMark) {
+		t.Fatalf("node not erased, after the restore: %d %+v", code, kv)
+	}
+	for _, mk := range []string{nodeMark, edgeMark} {
+		if hits := filesWith(t, pebbleDir, mk); len(hits) > 0 {
+			t.Fatalf("the restored store holds %s in %v", mk, hits)
+		}
+	}
+}
+
+// TestChangelogEraseWaitsForItsCopies: with --changelog jetstream, while
+// the checkpoint bucket refuses the erase's checkpoint, the erase's attempt
+// fails (logged, in the changelog status), nothing is purged, no result is
+// published and the erasure stays in flight; once the bucket accepts again,
+// the retry (after its backoff) finishes the erase, publishes its result,
+// and no NATS file holds the erased data.
+func TestChangelogEraseWaitsForItsCopies(t *testing.T) {
+	ns := testnats.Start(t)
+	clock := storage.NewManualClock(time.Now())
+	attempts := make(chan error, 32)
+	w := startWorker(t, ns, t.TempDir(), Options{Clock: clock, ReaperHooks: reaper.Hooks{
+		EraseFinished: func(_ *storage.EraseEntry, _ storage.Receipt, err error) { attempts <- err },
+	}}, append(append([]string{}, changelogFlags...), "--secure-delete-requests")...)
+	b := newBus(t, ns)
+	const tenant = "gdpr"
+	mark := "WAITMARK" + uuid.NewString()[:8]
+	n := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, withMarker(node(n), mark))))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	objStream, err := b.js.Stream(ctx, "OBJ_TELHA_CKPT_STATIC1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ocfg := objStream.CachedInfo().Config
+	refusing := ocfg
+	refusing.MaxMsgSize = 16 // every chunk refused at once
+	if _, err := b.js.UpdateStream(ctx, refusing); err != nil {
+		t.Fatal(err)
+	}
+	rid := b.send(tenant, eraseNode(n, "GDPR art. 17"))
+	next := func() error {
+		t.Helper()
+		select {
+		case err := <-attempts:
+			return err
+		case <-ctx.Done():
+			t.Fatal("no attempt at the erase")
+			return nil
+		}
+	}
+	if err := next(); err == nil || !strings.Contains(err.Error(), "changelog") {
+		t.Fatalf("the erase's attempt with the bucket refusing: %v, want a changelog error", err)
+	}
+	if st := w.app.ChangelogStatus(); st.LastErr == "" || st.EraseScrubs != 0 {
+		t.Fatalf("changelog status after the failed attempt: %+v", st)
+	}
+	b.mu.Lock()
+	early := b.results[rid]
+	b.mu.Unlock()
+	if len(early) > 0 {
+		t.Fatalf("a result was published while the copies still hold the data: %+v", early)
+	}
+	if rs := readStream[queue.Result](t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.RequestID == rid }); len(rs) > 0 {
+		t.Fatalf("a result is in the results stream while the copies still hold the data: %+v", rs)
+	}
+	var rec api.Erasure
+	if code := w.get("/v1/tenants/"+tenant+"/erasures/"+rid, &rec); code != http.StatusOK || rec.State != "in_flight" {
+		t.Fatalf("erasure while its copies wait: %d %+v", code, rec)
+	}
+	logDir := filepath.Join(ns.Opts.StoreDir, "jetstream", "$G", "streams", w.app.ChangelogStatus().Stream)
+	if len(filesWith(t, logDir, mark)) == 0 {
+		t.Fatal("the changelog was purged although no checkpoint was stored")
+	}
+
+	if _, err := b.js.UpdateStream(ctx, ocfg); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		clock.Advance(11 * time.Minute) // past the backoff
+		if err := next(); err == nil {
+			break
+		}
+	}
+	mustOK(t, b.wait(rid))
+	deadline := time.Now().Add(5 * time.Second)
+	for len(purgesPending(t, ns.Opts.StoreDir)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if hits := filesWith(t, ns.Opts.StoreDir, mark); len(hits) > 0 {
+		t.Fatalf("after the retried erase's result, NATS files %v hold the erased data", hits)
+	}
+}
