@@ -91,7 +91,9 @@ func (a *App) uiHandler() http.Handler {
 				o.PendingAsOf = fmt.Sprintf("%s (%s ago)", st.At.UTC().Format(time.RFC3339), now.Sub(st.At).Round(time.Second))
 				switch {
 				case !st.Oldest.IsZero():
-					o.OldestPending = roundUptime(max(st.At.Sub(st.Oldest), 0))
+					// As telha_queue_oldest_pending_age_seconds: from its
+					// stream timestamp to now.
+					o.OldestPending = roundUptime(max(now.Sub(st.Oldest), 0))
 				case st.Pending == 0 && st.AckPending == 0:
 					o.OldestPending = "none pending"
 				}
