@@ -791,7 +791,8 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 }
 
 // Journal is one entry of /v1/journals. The journals' owner (package
-// reaper) fills them; its states are the ones listed in docs/API.md.
+// reaper) fills them; its states are the ones listed in docs/CONTRACT.md
+// §6 (/v1/journals).
 type Journal struct {
 	Tenant     string  `json:"tenant"`
 	NodeID     string  `json:"node_id"`

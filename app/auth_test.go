@@ -74,24 +74,6 @@ func TestE2EAuthTokens(t *testing.T) {
 	}
 }
 
-// TestOverviewRatesOverTheLastMinute: the overview's rates are against the
-// oldest count it saw in the last minute, none on a first load.
-func TestOverviewRatesOverTheLastMinute(t *testing.T) {
-	var w rateWindow
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if base, _ := w.window(t0, map[string]float64{"ok": 10}); base != nil {
-		t.Fatal("a first load has no window")
-	}
-	base, since := w.window(t0.Add(30*time.Second), map[string]float64{"ok": 40})
-	if base["ok"] != 10 || since != 30*time.Second {
-		t.Fatalf("after 30 s: %v over %s, want 10 over 30s", base, since)
-	}
-	base, since = w.window(t0.Add(80*time.Second), map[string]float64{"ok": 100})
-	if base["ok"] != 40 || since != 50*time.Second {
-		t.Fatalf("after 80 s: %v over %s, want the 30 s sample (40) over 50s", base, since)
-	}
-}
-
 // pageClient is a browser-like client of the status page: a cookie jar,
 // Origin on its POSTs, and the CSRF token of the last page it read.
 type pageClient struct {

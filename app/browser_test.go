@@ -19,12 +19,18 @@ import (
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/storage"
+	"github.com/telha/telha-cascade/ui"
 )
 
 // Browser tests of the status page (/ui/), in headless Chromium (Debian's
 // chromium package; .ci/run installs it). They fail, not skip, when CI is
 // set and no browser is found. Screenshots of each page are kept under
-// $TELHA_UI_SCREENSHOTS (default: a directory in the system's temp dir).
+// $TELHA_UI_SCREENSHOTS (default: a directory in the system's temp dir);
+// with $TELHA_UI_README_IMAGES set to a directory (docs/images), the
+// README's screenshots are written there too (ui-overview.png,
+// ui-journals.png, ui-explorer.png, ui-requests.png):
+//
+//	TELHA_UI_README_IMAGES=$PWD/docs/images go test -count=1 -run 'TestBrowserStatusPage$' ./app
 
 type browser struct {
 	t    *testing.T
@@ -128,7 +134,17 @@ func (b *browser) screenshot(name string) {
 		b.t.Fatal(err)
 	}
 	b.t.Logf("screenshot %s", p)
+	if dir := os.Getenv("TELHA_UI_README_IMAGES"); dir != "" && readmeShots[name] {
+		p := filepath.Join(dir, "ui-"+name+".png")
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			b.t.Fatal(err)
+		}
+		b.t.Logf("README screenshot %s", p)
+	}
 }
+
+// readmeShots are the screenshots the README shows.
+var readmeShots = map[string]bool{"overview": true, "journals": true, "explorer": true, "requests": true}
 
 // nodes returns the elements matching sel (none is fine).
 func (b *browser) nodes(sel string) []*chromedp.Node {
@@ -238,6 +254,40 @@ func TestBrowserStatusPage(t *testing.T) {
 	if b.count("#requests-total") != 1 || !strings.Contains(b.text("#partitions"), "owns partitions") {
 		t.Fatal("overview: figures missing")
 	}
+	// Issue 23 item 7: uptime, NATS, the consumer, pending's as-of, the
+	// oldest pending, a self-refresh.
+	if b.text("#nats") != "connected" || b.text("#consumer-state") != "consuming" || b.text("#uptime") == "" ||
+		b.count(`meta[http-equiv="refresh"]`) != 1 || b.text("#oldest-pending") == "" {
+		t.Fatalf("overview: NATS %q, consumer %q, uptime %q", b.text("#nats"), b.text("#consumer-state"), b.text("#uptime"))
+	}
+	b.until("/ui/", "queue pending with its as-of", func() bool { return strings.HasPrefix(b.text("#pending-as-of"), "as of 20") })
+
+	// Issue 23 item 12: pause from the page; every page and /readyz say
+	// so (still 200); a request waits; resume, and it is answered.
+	b.do("pause", chromedp.Click(chromedp.CSS("#pause")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := b.text("#flash"); !strings.Contains(f, "paused until resumed") || b.text("#consumer-state") != "paused" || b.count("#paused-banner") != 1 {
+		t.Fatalf("after pause: flash %q, consumer %q", f, b.text("#consumer-state"))
+	}
+	b.noErrors("pause")
+	if code, body := httpGet(t, w.base+"/readyz"); code != 200 || !strings.Contains(body, "paused until resumed") {
+		t.Fatalf("/readyz while paused: %d %s, want 200 with the pause", code, body)
+	}
+	waiting := bus.send("acme", node(uuid.NewString()))
+	b.until("/ui/", "the request waiting while paused", func() bool { return b.text("#pending") == "1" })
+	b.open("/ui/journals")
+	if b.count("#paused-banner") != 1 {
+		t.Fatal("the journals page does not say the consumer is paused")
+	}
+	b.open("/ui/")
+	b.do("resume", chromedp.Click(chromedp.CSS("#resume")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := b.text("#flash"); !strings.Contains(f, "consuming") || b.count("#paused-banner") != 0 {
+		t.Fatalf("after resume: flash %q", f)
+	}
+	mustOK(t, bus.wait(waiting))
+	if code, body := httpGet(t, w.base+"/readyz"); code != 200 || strings.Contains(body, "paused") {
+		t.Fatalf("/readyz after resume: %d %s", code, body)
+	}
+	b.open("/ui/")
 	b.screenshot("overview")
 
 	// The cascade, watched on the journals page.
@@ -255,6 +305,12 @@ func TestBrowserStatusPage(t *testing.T) {
 		first, _ = progress()
 		return first > 0
 	})
+	if s := b.text(".journal .state"); !strings.HasPrefix(s, "applying (attempt 1)") && !strings.HasPrefix(s, "pending") && !strings.HasPrefix(s, "waiting") {
+		t.Fatalf("journal state %q, want applying (attempt 1)", s)
+	}
+	if href := b.attr(".journal a.request", "href"); !strings.Contains(href, "/ui/requests?") || !strings.Contains(href, rid) {
+		t.Fatalf("the journal's request is no link to the lookup: %q", href)
+	}
 	b.screenshot("journals")
 	b.until("/ui/journals", "the journal's bar advancing", func() bool {
 		if b.count(".journal") == 0 {
@@ -265,6 +321,10 @@ func TestBrowserStatusPage(t *testing.T) {
 	})
 	res := mustOK(t, bus.wait(rid))
 	b.until("/ui/journals", "the journal done", func() bool { return b.count("#no-journals") == 1 })
+	// Issue 23 item 10: it stays listed, finished, with its outcome.
+	if sel := fmt.Sprintf(`tr.finished[data-request=%q] .outcome`, rid); b.count(sel) != 1 || b.text(sel) != "ok" {
+		t.Fatalf("the finished journal is not in the recent history (%d rows)", b.count("tr.finished"))
+	}
 
 	// The explorer: alive just before the tombstone's tx, dead at it.
 	tx := parseTx(t, res.TxTime)
@@ -275,10 +335,30 @@ func TestBrowserStatusPage(t *testing.T) {
 	if s := b.text("#state"); s != "alive" || b.count("tr.edge") == 0 || b.count("#history-svg rect") != 2 {
 		t.Fatalf("explorer before the tombstone: state %q, %d edges, %d boxes", s, b.count("tr.edge"), b.count("#history-svg rect"))
 	}
+	// Issue 23 item 8: a total (bounded), a next page, ticks, links.
+	if c := b.text("#edges-count"); !strings.HasPrefix(c, "Edges 1–50 of ") || b.count("#edges-next") != 1 || b.count("#history-svg .tick") < 2 {
+		t.Fatalf("explorer edges: %q, next %d, ticks %d", c, b.count("#edges-next"), b.count("#history-svg .tick"))
+	}
+	if edges >= ui.ExplorerEdgeCount && !strings.Contains(b.text("#edges-count"), "more than 10,000") {
+		t.Fatalf("explorer edges of a hub of %d: %q", edges, b.text("#edges-count"))
+	}
 	b.screenshot("explorer")
+	b.do("next edges", chromedp.Click(chromedp.CSS("#edges-next")), chromedp.WaitVisible(chromedp.CSS("#edges-first")))
+	if c := b.text("#edges-count"); !strings.HasPrefix(c, "Edges 51–100 of ") || b.count("tr.edge") != 50 {
+		t.Fatalf("explorer, second page of edges: %q, %d rows", c, b.count("tr.edge"))
+	}
+	b.noErrors("next edges")
 	b.open(at(tx))
-	if s := b.text("#state"); !strings.HasPrefix(s, "absent") || b.count("tr.edge") != 0 || b.count("#history-svg rect.tombstone") != 1 {
+	if s := b.text("#state"); !strings.HasPrefix(s, "deleted at tx "+res.TxTime) || !strings.Contains(s, rid) || b.count("tr.edge") != 0 || b.count("#history-svg rect.tombstone") != 1 {
 		t.Fatalf("explorer at the tombstone: state %q, %d edges", s, b.count("tr.edge"))
+	}
+	b.do("the tombstone's request", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#history a.request[href*=%q]`, rid))), chromedp.WaitVisible(chromedp.CSS("#answer")))
+	if a := b.text("#answer"); !strings.Contains(a, `"journaled": true`) {
+		t.Fatalf("the history's request link: %q", a)
+	}
+	b.open("/ui/explorer")
+	if b.count("#hints") != 1 {
+		t.Fatal("the explorer's empty form has no hints")
 	}
 
 	// Dead letters: a poison message, retried (it comes back), another
@@ -316,12 +396,38 @@ func TestBrowserStatusPage(t *testing.T) {
 	}
 	b.noErrors("discard")
 
+	// Issue 23 item 9: the invalid request's lookup points to its dead
+	// letter.
+	b.open("/ui/requests?" + url.Values{"tenant": {"acme"}, "id": {p1}}.Encode())
+	b.do("the dead letter of an invalid request", chromedp.Click(chromedp.CSS("#dead-letter-link")), chromedp.WaitVisible(chromedp.CSS("#dead-letters")))
+	if row(p1) == "" {
+		t.Fatal("the lookup's dead-letter link does not show it")
+	}
+	// Issue 23 item 11: a bulk discard of a filtered page.
+	b.open("/ui/dlq?tenant=acme&reason=invalid")
+	n := b.count("tr.letter")
+	b.do("bulk discard", chromedp.Click(chromedp.CSS("#bulk-discard")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if f := b.text("#flash"); !strings.Contains(f, fmt.Sprintf("%d dead letters discarded", n)) || b.count("tr.letter") != 0 {
+		t.Fatalf("bulk discard of %d: %q, %d left", n, f, b.count("tr.letter"))
+	}
+	b.noErrors("bulk discard")
+
 	// Request lookup.
 	b.open("/ui/requests?" + url.Values{"tenant": {"acme"}, "id": {rid}}.Encode())
 	if a := b.text("#answer"); !strings.Contains(a, rid) || !strings.Contains(a, `"journaled": true`) {
 		t.Fatalf("request lookup: %q", a)
 	}
 	b.screenshot("request-lookup")
+	// The recent requests, newest first; the not_found filter.
+	b.open("/ui/requests")
+	if b.count(fmt.Sprintf(`tr.result[data-request=%q]`, rid)) != 1 || b.count(fmt.Sprintf(`tr.result[data-request=%q][data-status="invalid"]`, p1)) < 1 {
+		t.Fatalf("recent requests: %d rows, the cascade's or the invalid one missing", b.count("tr.result"))
+	}
+	b.screenshot("requests")
+	b.open("/ui/requests?status=ok")
+	if b.count(`tr.result[data-status="invalid"]`) != 0 || b.count("tr.result") == 0 {
+		t.Fatal("recent requests filtered by ok: wrong rows")
+	}
 }
 
 // TestBrowserStatusPageTokens: with a tokens file, the page asks for a

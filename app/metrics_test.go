@@ -34,7 +34,7 @@ var families = []string{
 	"telha_pebble_disk_usage_bytes", "telha_pebble_write_stalls_total", "telha_pebble_write_stall_duration_seconds_total",
 	"telha_storage_commit_failures_total", "telha_storage_disk_free_bytes", "telha_writer_wait_seconds", "telha_writer_task_seconds", "telha_dead_letter_failures_total",
 	"telha_dead_letter_result_failures_total", "telha_request_queue_seconds", "telha_queue_oldest_pending_age_seconds",
-	"telha_queue_info_timestamp_seconds", "telha_results_parked", "telha_results_parked_total", "telha_api_denied_total",
+	"telha_queue_info_timestamp_seconds", "telha_results_parked", "telha_results_parked_events_total", "telha_api_denied_total",
 	"go_goroutines", "process_resident_memory_bytes",
 }
 
@@ -292,7 +292,7 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 // TestMetricsResultsParked: a journaled cascade's result that the results
 // stream refuses is parked after 5 failed publishes, and shows in
 // telha_results_parked (the reaper's summary) and
-// telha_results_parked_total (its OutboxParked hook), through app's wiring.
+// telha_results_parked_events_total (its OutboxParked hook), through app's wiring.
 func TestMetricsResultsParked(t *testing.T) {
 	ns := testnats.Start(t)
 	clock := storage.NewManualClock(time.Now())
@@ -337,8 +337,8 @@ func TestMetricsResultsParked(t *testing.T) {
 	if got := metricValue(t, w, "telha_results_parked"); got != 1 {
 		t.Errorf("telha_results_parked = %v, want 1", got)
 	}
-	if got := metricValue(t, w, "telha_results_parked_total"); got != 1 {
-		t.Errorf("telha_results_parked_total = %v, want 1", got)
+	if got := metricValue(t, w, "telha_results_parked_events_total"); got != 1 {
+		t.Errorf("telha_results_parked_events_total = %v, want 1", got)
 	}
 	mu.Lock()
 	if len(nextParked) != 1 || nextParked[0] != "p/"+id {
@@ -355,7 +355,7 @@ func TestMetricsReaperHooksChain(t *testing.T) {
 	h := a.reaperHooks(reaper.Hooks{OutboxParked: func(string, string, error) { called++ }})
 	h.OutboxParked("t", "r", errors.New("refused"))
 	if got := testutil.ToFloat64(a.metrics.ResultsParked); got != 1 || called != 1 {
-		t.Fatalf("telha_results_parked_total = %v, next hook called %d times; want 1 and 1", got, called)
+		t.Fatalf("telha_results_parked_events_total = %v, next hook called %d times; want 1 and 1", got, called)
 	}
 }
 

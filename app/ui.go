@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/queue/client"
 	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/storage"
 	"github.com/telha/telha-cascade/ui"
 )
 
@@ -19,16 +21,25 @@ import (
 // its dead letters come from here.
 
 // uiHandler is the status page, or nil before the store and the worker
-// are up.
+// are up. It starts the page's sampler (the request counts every 5 s for
+// the rates over the last minute, the journals every second for the
+// recent history), which ends with the HTTP servers (httpCtx).
 func (a *App) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
-	rates := &rateWindow{}
+	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}}
+	smp.rates.add(started, map[string]float64{}) // every counter starts at 0
+	go smp.run(a.httpCtx, a)
 	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
 	return ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
-		DeadLetters: dlq,
+		DeadLetters: dlq, Pause: a.worker,
+		Results: client.ResultStream{JS: a.worker.JetStream(), Stream: qc.ResStream, Prefix: qc.Prefix},
+		Finished: func() []ui.FinishedJournal {
+			smp.history.observe(a, time.Now()) // what finished since the last tick, too
+			return smp.history.list()
+		},
 		Overview: func(ctx context.Context, p api.Principal) ui.Overview {
-			o := ui.Overview{Pending: "-", AckPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
+			o := ui.Overview{Pending: "-", AckPending: "-", OldestPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
 				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
 			if !p.Sees("*") {
 				// A token of some tenants: their journals and dead letters
@@ -41,44 +52,51 @@ func (a *App) uiHandler() http.Handler {
 					}
 				}
 				if n, err := dlq.Count(ctx, p.Tenants); err == nil {
-					o.DeadLetters = fmt.Sprint(n)
+					o.DeadLetters = ui.Num(n)
 				}
 				return o
 			}
-			secs := time.Since(started).Seconds()
-			if fams, err := a.metrics.Registry.Gather(); err == nil {
-				byStatus := map[string]float64{}
-				for _, f := range fams {
-					switch f.GetName() {
-					case "telha_requests_total":
-						for _, m := range f.GetMetric() {
-							byStatus[label(m, "status")] += m.GetCounter().GetValue()
-						}
-					}
+			now := time.Now()
+			o.Uptime = roundUptime(now.Sub(started))
+			o.NATSOK = a.nc.IsConnected()
+			o.NATS = strings.ToLower(a.nc.Status().String())
+			if o.NATSOK {
+				o.NATS = "connected to " + RedactURLs(a.nc.ConnectedUrl())
+			}
+			if counts, err := a.requestCounts(); err == nil {
+				// Rates over the last minute, from the sampler's ring (a
+				// sample every 5 s): against the sample nearest a minute
+				// ago; since start while the worker is younger.
+				base, at := smp.rates.base(now)
+				since := now.Sub(at)
+				secs := max(since.Seconds(), 1e-3)
+				o.RateWindow = "minute"
+				if since < 55*time.Second {
+					o.RateWindow, o.RateNote = since.Round(time.Second).String(), "since the worker started"
 				}
-				// Rates over the last minute: against the oldest sample of
-				// the last 60 s that the page's earlier loads took (since
-				// start when there is none yet).
-				now := time.Now()
-				base, since := rates.window(now, byStatus)
-				if base == nil {
-					base, since = map[string]float64{}, now.Sub(started)
-				}
-				secs = max(since.Seconds(), 1e-3)
-				o.RateWindow = since.Round(time.Second).String()
 				var total, baseTotal float64
-				for st, n := range byStatus {
+				for st, n := range counts {
 					if n > 0 {
 						o.RequestsTotal += n
-						o.ByStatus = append(o.ByStatus, ui.StatusCount{Status: st, Count: n, PerSec: (n - base[st]) / secs})
+						o.ByStatus = append(o.ByStatus, ui.StatusCount{Status: st, Count: n, PerSec: max(n-base[st], 0) / secs})
 					}
 					total += n
 					baseTotal += base[st]
 				}
-				o.RequestsPerSec = (total - baseTotal) / secs
+				sort.Slice(o.ByStatus, func(i, j int) bool { return o.ByStatus[i].Status < o.ByStatus[j].Status })
+				o.RequestsPerSec = max(total-baseTotal, 0) / secs
 			}
 			if st := a.worker.Stats(); st != nil {
-				o.Pending, o.AckPending = fmt.Sprint(st.Pending), fmt.Sprint(st.AckPending)
+				o.Pending, o.AckPending = ui.Num(st.Pending), ui.Num(st.AckPending)
+				o.PendingAsOf = fmt.Sprintf("%s (%s ago)", st.At.UTC().Format(time.RFC3339), now.Sub(st.At).Round(time.Second))
+				switch {
+				case !st.Oldest.IsZero():
+					// As telha_queue_oldest_pending_age_seconds: from its
+					// stream timestamp to now.
+					o.OldestPending = roundUptime(max(now.Sub(st.Oldest), 0))
+				case st.Pending == 0 && st.AckPending == 0:
+					o.OldestPending = "none pending"
+				}
 			}
 			if lr := a.lastRun.Load(); lr != nil {
 				o.ReaperResult, o.ReaperLast = "ok", lr.at.UTC().Format(time.RFC3339)+fmt.Sprintf(", resumed %d, took %s", lr.res.Resumed, lr.res.Took.Round(time.Millisecond))
@@ -93,7 +111,7 @@ func (a *App) uiHandler() http.Handler {
 			o.Journals, o.Poison = sum.InFlight, sum.Poison
 			if s, err := a.worker.JetStream().Stream(ctx, qc.DLQStream); err == nil {
 				if info, err := s.Info(ctx); err == nil {
-					o.DeadLetters = fmt.Sprint(info.State.Msgs)
+					o.DeadLetters = ui.Num(info.State.Msgs)
 				}
 			}
 			if free, err := a.store.DiskFree(); err == nil {
@@ -103,6 +121,63 @@ func (a *App) uiHandler() http.Handler {
 			return o
 		},
 	})
+}
+
+// requestCounts is telha_requests_total summed by status.
+func (a *App) requestCounts() (map[string]float64, error) {
+	fams, err := a.metrics.Registry.Gather()
+	if err != nil {
+		return nil, err
+	}
+	byStatus := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == "telha_requests_total" {
+			for _, m := range f.GetMetric() {
+				byStatus[label(m, "status")] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return byStatus, nil
+}
+
+// roundUptime is a duration for people: 3d4h5m, 4h5m6s, 5m6s, 6s.
+func roundUptime(d time.Duration) string {
+	d = d.Round(time.Second)
+	if days := d / (24 * time.Hour); days > 0 {
+		return fmt.Sprintf("%dd%s", days, (d % (24 * time.Hour)).Truncate(time.Minute).String())
+	}
+	return d.String()
+}
+
+// uiSampler samples what the status page shows over time, whether or not
+// anyone is looking: the request counts (rates over the last minute) and
+// the journals (the recently finished ones).
+type uiSampler struct {
+	rates   *rateWindow
+	history *journalHistory
+}
+
+// rateEvery is the rate ring's sampling period.
+const rateEvery = 5 * time.Second
+
+func (s *uiSampler) run(ctx context.Context, a *App) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			s.history.observe(a, now)
+			if now.Sub(last) >= rateEvery-100*time.Millisecond {
+				if counts, err := a.requestCounts(); err == nil {
+					s.rates.add(now, counts)
+					last = now
+				}
+			}
+		}
+	}
 }
 
 // reaperRun is the reaper's last pass, for the overview.
@@ -146,8 +221,8 @@ func withUI(h http.Handler, page func() http.Handler) http.Handler {
 	})
 }
 
-// rateWindow keeps the request counts the overview saw over the last two
-// minutes, to show rates over the last minute.
+// rateWindow is a ring of request counts, a sample every rateEvery, over
+// the last two minutes.
 type rateWindow struct {
 	mu      sync.Mutex
 	samples []rateSample
@@ -158,28 +233,110 @@ type rateSample struct {
 	counts map[string]float64
 }
 
-// window records counts at now and returns the oldest sample of the last
-// 60 s before it (nil when there is none) and how long ago it was taken.
-func (w *rateWindow) window(now time.Time, counts map[string]float64) (map[string]float64, time.Duration) {
+// add records counts taken at now, and forgets samples older than two
+// minutes (the first one, the worker's start, is kept until a sample a
+// minute old replaces it as the base).
+func (w *rateWindow) add(now time.Time, counts map[string]float64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	keep := w.samples[:0]
+	for i, s := range w.samples {
+		// Keep the last sample more than a minute old (the base), and the
+		// ones after it.
+		if i+1 < len(w.samples) && now.Sub(w.samples[i+1].at) > time.Minute {
+			continue
+		}
+		keep = append(keep, s)
+	}
+	w.samples = append(keep, rateSample{at: now, counts: counts})
+}
+
+// base returns the sample the rates at now are over: the newest at least a
+// minute before now, else the oldest (the worker's start).
+func (w *rateWindow) base(now time.Time) (map[string]float64, time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.samples) == 0 {
+		return map[string]float64{}, now
+	}
+	b := w.samples[0]
 	for _, s := range w.samples {
-		if now.Sub(s.at) <= 2*time.Minute {
-			keep = append(keep, s)
+		if now.Sub(s.at) >= time.Minute {
+			b = s
 		}
 	}
-	w.samples = keep
-	var base *rateSample
-	for i := range w.samples {
-		if now.Sub(w.samples[i].at) <= time.Minute {
-			base = &w.samples[i]
-			break
+	return b.counts, b.at
+}
+
+// journalHistory keeps the journals seen finishing, the newest
+// finishedKept, in memory: a journal in the list at one look and gone at
+// the next has finished (its receipt says how; none: abandoned or poison
+// removed).
+type journalHistory struct {
+	mu       sync.Mutex
+	live     map[string]seenJournal
+	finished []ui.FinishedJournal // oldest first
+}
+
+// finishedKept is how many finished journals the history keeps.
+const finishedKept = 100
+
+type seenJournal struct {
+	j       api.Journal
+	started time.Time
+}
+
+func journalKey(j api.Journal) string {
+	return j.Tenant + "\x00" + j.NodeID + "\x00" + j.RequestID + "\x00" + j.Key
+}
+
+// observe compares the journals now with the last look.
+func (h *journalHistory) observe(a *App, now time.Time) {
+	cur := a.journals()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.live == nil {
+		h.live = map[string]seenJournal{}
+	}
+	next := make(map[string]seenJournal, len(cur))
+	for _, j := range cur {
+		k := journalKey(j)
+		s, ok := h.live[k]
+		if !ok {
+			s.started = now.Add(-time.Duration(j.AgeSeconds * float64(time.Second)))
 		}
+		s.j = j
+		next[k] = s
 	}
-	w.samples = append(w.samples, rateSample{at: now, counts: counts})
-	if base == nil || now.Sub(base.at) < time.Second {
-		return nil, 0
+	for k, s := range h.live {
+		if _, ok := next[k]; ok {
+			continue
+		}
+		f := ui.FinishedJournal{Tenant: s.j.Tenant, NodeID: s.j.NodeID, RequestID: s.j.RequestID, Finished: now, Took: now.Sub(s.started),
+			Attempts: s.j.Failures + 1, Outcome: "gone (no receipt)"}
+		if sc, err := storage.NewScope(s.j.Tenant); err == nil && s.j.RequestID != "" {
+			if rc, ok, err := storage.GetReceipt(a.store.Reader(), sc, s.j.RequestID); err == nil && ok {
+				f.Outcome, f.EdgesTombstoned = rc.Status.String(), rc.EdgesTombstoned
+			}
+		}
+		if s.j.State == "poison" {
+			f.Outcome = "poison, removed"
+		}
+		h.finished = append(h.finished, f)
 	}
-	return base.counts, now.Sub(base.at)
+	if n := len(h.finished); n > finishedKept {
+		h.finished = append([]ui.FinishedJournal(nil), h.finished[n-finishedKept:]...)
+	}
+	h.live = next
+}
+
+// list returns the finished journals, newest first.
+func (h *journalHistory) list() []ui.FinishedJournal {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]ui.FinishedJournal, 0, len(h.finished))
+	for i := len(h.finished) - 1; i >= 0; i-- {
+		out = append(out, h.finished[i])
+	}
+	return out
 }

@@ -15,9 +15,11 @@
 //     journaled cascade applies it in chunks of whole version groups in that
 //     order, so no durable state ever shows the node dead while one of its
 //     journaled edges reads live.
-//   - Same-tx replay is byte-identical. A journal carries the cascade's tx and
-//     edge ids; resuming rebuilds exactly the same puts, skipping edges whose
-//     tombstone with that tx already landed.
+//   - Same-tx replay is byte-identical. A journal carries the cascade's tx
+//     and valid_end (no edge ids: see the journaled path below); resuming
+//     re-derives the same edges from the frozen neighbourhood and rebuilds
+//     exactly the same puts, skipping edges whose tombstone with that tx
+//     already landed.
 //   - Collection: every edge touching the node whose latest-recorded version
 //     is not a tombstone, and every edge whose latest-recorded version is a
 //     tombstone starting after valid_end (it gets a narrowing tombstone

@@ -46,7 +46,7 @@ var workerMetrics = map[string]string{
 	"telha_queue_oldest_pending_age_seconds":          "gauge",
 	"telha_queue_info_timestamp_seconds":              "gauge",
 	"telha_results_parked":                            "gauge",
-	"telha_results_parked_total":                      "counter",
+	"telha_results_parked_events_total":                      "counter",
 	"telha_storage_commit_failures_total":             "counter",
 	"telha_storage_disk_free_bytes":                   "gauge",
 }

@@ -132,7 +132,7 @@ func New(b Build, l Labels) *Metrics {
 			Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"lane"}),
 		ResultsParked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "telha_results_parked_total", Help: "Results of journaled cascades and erases parked after failing to publish 5 times in a row (each still retried, at most every 10 minutes).",
+			Name: "telha_results_parked_events_total", Help: "Results of journaled cascades and erases parked after failing to publish 5 times in a row (each still retried, at most every 10 minutes).",
 		}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",

@@ -167,6 +167,6 @@ func TestResultsParked(t *testing.T) {
 	m.ResultParked()
 	m.ResultParked()
 	if got := testutil.ToFloat64(m.ResultsParked); got != 2 {
-		t.Fatalf("telha_results_parked_total = %v, want 2", got)
+		t.Fatalf("telha_results_parked_events_total = %v, want 2", got)
 	}
 }

@@ -17,7 +17,7 @@
 //     library's tar, in an Object Store bucket, named by partition and by the
 //     changelog sequence it reflects.
 //
-// The shape, Kafka Streams' and Temporal's (docs/STYLE.md):
+// The shape, Kafka Streams' and Temporal's (docs/ARCHITECTURE.md):
 //
 //	owner (one per partition)                     standby / new owner
 //	─────────────────────────                     ───────────────────

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -123,7 +122,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
-	if err != nil && strings.Contains(err.Error(), "not unique") {
+	if consumerNotUnique(err) {
 		// A replica count change leaves consumers of replicas that no longer
 		// exist holding partitions; remove those (index >= N) and retry.
 		// Consumers of live replicas converge as they restart.
@@ -177,6 +176,18 @@ func provisionNoDedup(ctx context.Context, js jetstream.JetStream, c Config) err
 		return fmt.Errorf("provision stream %s: seal: %w", c.NoDedupStream, err)
 	}
 	return nil
+}
+
+// jsErrCodeConsumerWQNotUnique is the server's JSConsumerWQConsumerNotUniqueErr
+// ("filtered consumer not unique on workqueue stream"), which package
+// jetstream has no constant for.
+const jsErrCodeConsumerWQNotUnique jetstream.ErrorCode = 10100
+
+// consumerNotUnique reports whether err is the server refusing a consumer
+// whose filters overlap another consumer's on a work-queue stream.
+func consumerNotUnique(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeConsumerWQNotUnique
 }
 
 // ErrPartitionsChanged: the installed request stream has another partition

@@ -33,11 +33,10 @@ import (
 // the erasure record. Rewriting an erased version is a no-op, so a resumed
 // erase converges.
 
-const (
-	// EraseJobState is the jobs state byte of erase heads.
-	EraseJobState byte = 0xC2
-	metaErasure   byte = 0x06
+// EraseJobState (0xC2) and the erasure records' meta sub-keyspace (0x06)
+// are in keys.go, with EraseJobKey and ErasureKey.
 
+const (
 	// flagErased marks an erased version (version flags).
 	flagErased byte = 1 << 4
 	// flagQuiet marks a journal that answers no request of its own: the
@@ -75,18 +74,6 @@ type EraseRecord struct {
 	RequestedAt, FinishedAt Ts // wall clock
 	Versions                uint64
 	Digest                  [32]byte
-}
-
-// EraseJobKey is the key of an erase head (job id: a hash of the request id).
-func EraseJobKey(s Scope, tx Ts, requestID string) []byte {
-	return JobKey(s, EraseJobState, 0, tx, uuid.NewSHA1(uuid.NameSpaceOID, []byte(requestID)))
-}
-
-// ErasureKey is the key of a request's erasure record.
-func ErasureKey(s Scope, requestID string) []byte {
-	b := []byte{ksMeta, metaErasure}
-	b = appendTenant(b, s)
-	return append(b, requestID...)
 }
 
 // EncodeEraseJob encodes an erase head.

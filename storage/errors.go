@@ -13,7 +13,8 @@ var (
 	// ErrEndpointDead: an edge endpoint's latest version is a tombstone.
 	ErrEndpointDead = errors.New("endpoint dead")
 	// ErrCascadeInFlight: a cascade journal for a node the write touches is
-	// being applied. Retryable.
+	// being applied. Transient, but the answer is final for its request id
+	// (CONTRACT §5): a publisher sends the request again under a new id.
 	ErrCascadeInFlight = errors.New("cascade in flight")
 	// ErrConflict: the request id was used before for a different request.
 	ErrConflict = errors.New("conflict")
@@ -27,7 +28,10 @@ var (
 	ErrStorage = errors.New("storage")
 )
 
-// IsRetryable reports whether err is worth retrying later unchanged.
+// IsRetryable reports whether err is transient: the same write may succeed
+// later. It says nothing of request ids: a storage error stored nothing,
+// so the queue retries the message as it is; a cascade_in_flight answer is
+// final for its request id (CONTRACT §5), retried only under a new one.
 func IsRetryable(err error) bool {
 	return errors.Is(err, ErrStorage) || errors.Is(err, ErrCascadeInFlight)
 }

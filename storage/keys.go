@@ -7,7 +7,9 @@ import (
 	"github.com/google/uuid"
 )
 
-// This file is the one key codec. No other code builds or parses keys.
+// This file is the one key codec. No other code builds or parses keys
+// (TestKeysBuiltOnlyInKeysGo): other files use the keyspace bytes only as
+// arguments to this file's functions, in comparisons and case labels.
 //
 // All integers are big-endian; timestamps have the sign bit flipped so that
 // negative times sort first. T is the tenant as one length byte + bytes, so a
@@ -32,12 +34,15 @@ import (
 //
 // Meta sub-keyspaces: 0x01 format version, 0x03 | T tenant registry,
 // 0x04 | T | request_id request receipts, 0x05 | stream (length byte +
-// name) | sequence delivery markers of redelivered request messages. (0x02 is reserved: the clock's
-// high-water mark is derived from the tx index, see Store.readHWM.)
+// name) | sequence delivery markers of redelivered request messages,
+// 0x06 | T | request_id erasure records (erase.go). (0x02 is reserved: the
+// clock's high-water mark is derived from the tx index, see
+// Store.readHWM.)
 //
 // Jobs states: 0xC0 cascade journal head (the commit point), 0xC1 journal
 // pages of edge ids (same priority/created_at/job_id as the head, plus a
-// 4-byte page number), 0xD0 result outbox of a finished journaled request.
+// 4-byte page number), 0xC2 erase head (job id: a SHA-1 name UUID of the
+// request id), 0xD0 result outbox of a finished journaled request.
 
 // Keyspace bytes.
 const (
@@ -57,6 +62,7 @@ const (
 	metaTenant  byte = 0x03
 	metaReceipt byte = 0x04
 	metaDeliver byte = 0x05
+	metaErasure byte = 0x06
 )
 
 // Jobs state bytes.
@@ -67,6 +73,8 @@ const (
 	CascadeJournalState byte = 0xC0
 	// JournalPageState holds a journal's edge-id pages.
 	JournalPageState byte = 0xC1
+	// EraseJobState is the jobs state byte of erase heads (erase.go).
+	EraseJobState byte = 0xC2
 	// ResultOutboxState holds the result of a finished journaled request
 	// until the queue has published it.
 	ResultOutboxState byte = 0xD0
@@ -467,3 +475,18 @@ func (d *keyDecoder) rest() []byte {
 	d.b = nil
 	return out
 }
+
+// EraseJobKey is the key of an erase head (job id: a hash of the request id).
+func EraseJobKey(s Scope, tx Ts, requestID string) []byte {
+	return JobKey(s, EraseJobState, 0, tx, uuid.NewSHA1(uuid.NameSpaceOID, []byte(requestID)))
+}
+
+// ErasureKey is the key of a request's erasure record.
+func ErasureKey(s Scope, requestID string) []byte {
+	b := []byte{ksMeta, metaErasure}
+	b = appendTenant(b, s)
+	return append(b, requestID...)
+}
+
+// keyspaceStart is the first key a keyspace may hold (a scan bound).
+func keyspaceStart(ks byte) []byte { return []byte{ks} }

@@ -26,7 +26,7 @@ func Verify(r pebble.Reader) error {
 		_, ok, err := getValue(r, k)
 		return ok, err
 	}
-	err := scan(r, []byte{ksNode}, []byte{ksJobs}, func(k, v []byte) error {
+	err := scan(r, keyspaceStart(ksNode), keyspaceStart(ksJobs), func(k, v []byte) error {
 		key, err := DecodeKey(k)
 		if err != nil {
 			return add("undecodable key %x: %v", k, err)

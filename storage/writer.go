@@ -81,8 +81,9 @@ type writer struct {
 	idle    []chan struct{}
 	// observe, when set, sees each task's wait in its lane and run time.
 	observe func(lane Lane, wait, run time.Duration)
-	// ended runs after every task, on the writer (the store records its
-	// committed tx there: safetime.go).
+	// ended, when set, runs after every task, on the writer. The store
+	// sets none: it records its committed tx in the task itself, before
+	// the task's result is delivered (Store.update, safetime.go).
 	ended func()
 }
 

@@ -32,7 +32,7 @@ var templateFS embed.FS
 //go:embed static
 var staticFS embed.FS
 
-var pages = template.Must(template.New("").ParseFS(templateFS, "templates/*.html"))
+var pages = template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html"))
 
 // DeadLetters is what the page needs of the dead-letter stream
 // (client.DeadLetterStream).
@@ -52,18 +52,34 @@ type Overview struct {
 	RequestsTotal  float64
 	RequestsPerSec float64
 	RateWindow     string // the span the rates are over
-	ByStatus       []StatusCount
-	Pending        string
-	AckPending     string
-	Journals       int
-	Poison         int
-	DeadLetters    string
-	ReaperResult   string
-	ReaperLast     string
-	DiskFree       string
-	StoreSize      string
-	Partitions     api.Partitions
-	Build          string
+	// RateNote says what the rates are over when it is not the last
+	// minute (the worker started less than a minute ago).
+	RateNote   string
+	ByStatus   []StatusCount
+	Pending    string
+	AckPending string
+	// PendingAsOf: when the queue figures (pending, ack pending, oldest)
+	// were read from the server ("" when never).
+	PendingAsOf string
+	// OldestPending is the age of the oldest request not yet acked ("-"
+	// when none or unknown).
+	OldestPending string
+	Uptime        string
+	// NATS is the connection's state ("connected to ...", "reconnecting").
+	NATS         string
+	NATSOK       bool
+	Pause        client.PauseState
+	CanPause     bool // filled by the page: the principal may pause
+	HasPause     bool // filled by the page: a consumer to pause
+	Journals     int
+	Poison       int
+	DeadLetters  string
+	ReaperResult string
+	ReaperLast   string
+	DiskFree     string
+	StoreSize    string
+	Partitions   api.Partitions
+	Build        string
 }
 
 // StatusCount is one status's answered requests.
@@ -81,7 +97,13 @@ type Options struct {
 	// Overview fills the overview for a principal (see Overview.Scoped).
 	Overview    func(ctx context.Context, p api.Principal) Overview
 	DeadLetters DeadLetters
-	Logger      *slog.Logger
+	// Pause pauses and resumes this replica's consumer (nil: no control).
+	Pause Pauser
+	// Results lists the recent results (nil: no list).
+	Results Results
+	// Finished lists the recently finished journals, newest first.
+	Finished func() []FinishedJournal
+	Logger   *slog.Logger
 }
 
 type server struct {
@@ -115,6 +137,8 @@ func Handler(o Options) http.Handler {
 	mux.HandleFunc("GET /ui/journals", s.gate(s.journals))
 	mux.HandleFunc("GET /ui/dlq", s.gate(s.dlq))
 	mux.HandleFunc("POST /ui/dlq/{seq}/{action}", s.gate(s.dlqAction))
+	mux.HandleFunc("POST /ui/dlq/bulk", s.gate(s.dlqBulk))
+	mux.HandleFunc("POST /ui/consumer/{action}", s.gate(s.pauseAction))
 	mux.HandleFunc("GET /ui/requests", s.gate(s.requests))
 	mux.HandleFunc("GET /ui/explorer", s.gate(s.explorer))
 	return mux
@@ -126,7 +150,9 @@ type page struct {
 	// SignedIn: a token's session, which the header offers to end.
 	SignedIn bool
 	Refresh  int
-	Data     any
+	// Paused says the replica's consumer is paused (every page shows it).
+	Paused string
+	Data   any
 }
 
 type handler func(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, sess *session)
@@ -180,6 +206,11 @@ func (s *server) gate(h handler) http.HandlerFunc {
 			who = fmt.Sprintf("%s (%s: %s)", p.Name, p.Role, strings.Join(p.Tenants, ", "))
 		}
 		pg := &page{Who: who}
+		if s.o.Pause != nil {
+			if st := s.o.Pause.PauseState(); st.Paused {
+				pg.Paused = fmt.Sprintf("Consumer %s is %s: no request is consumed.", st.Consumer, st)
+			}
+		}
 		if sess != nil {
 			pg.CSRF, pg.SignedIn = sess.CSRF(), sess.signed
 			if r.Method == http.MethodGet {
@@ -261,10 +292,19 @@ func (s *server) logout(w http.ResponseWriter, r *http.Request, p api.Principal,
 func (s *server) overview(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Overview", "overview"
 	if s.o.Overview != nil {
-		pg.Data = s.o.Overview(r.Context(), p)
+		o := s.o.Overview(r.Context(), p)
+		o.HasPause, o.CanPause = s.o.Pause != nil, s.o.Pause != nil && mayPause(p)
+		if s.o.Pause != nil {
+			o.Pause = s.o.Pause.PauseState()
+		}
+		pg.Data = o
 	}
+	pg.Refresh = OverviewRefresh
 	s.render(w, "overview", pg)
 }
+
+// OverviewRefresh is how often the overview reloads itself (seconds).
+const OverviewRefresh = 5
 
 // journalRow is a journal with its progress figures.
 type journalRow struct {
@@ -272,17 +312,40 @@ type journalRow struct {
 	Percent float64
 	Rate    float64
 	ETA     string
+	// Attempts counts the attempt in progress: an applying journal is on
+	// attempt Failures+1.
+	Attempts int
+	// StateText is the state as people read it ("applying (attempt 2)").
+	StateText string
+}
+
+type journalsData struct {
+	Rows     []journalRow
+	Finished []FinishedJournal
 }
 
 func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
 	pg.Title, pg.Page = "Journals", "journals"
-	var rows []journalRow
+	var d journalsData
+	rows := []journalRow(nil)
 	if s.o.Journals != nil {
 		for _, j := range s.o.Journals() {
 			if !p.Sees(j.Tenant) {
 				continue
 			}
-			row := journalRow{Journal: j, ETA: "-"}
+			row := journalRow{Journal: j, ETA: "-", Attempts: j.Failures, StateText: j.State}
+			switch j.State {
+			case "applying":
+				row.Attempts = j.Failures + 1
+				row.StateText = fmt.Sprintf("applying (attempt %d)", row.Attempts)
+			case "failing":
+				row.StateText = fmt.Sprintf("failing (%d failed attempts; retried after a backoff)", j.Failures)
+			case "waiting":
+				row.StateText = "waiting for an earlier journal"
+				if j.WaitingFor != "" {
+					row.StateText += " (node " + j.WaitingFor + ")"
+				}
+			}
 			if j.EdgesTotal > 0 {
 				row.Percent = math.Round(1000*float64(j.EdgesDone)/float64(j.EdgesTotal)) / 10
 			}
@@ -299,7 +362,15 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 	if len(rows) > 0 {
 		pg.Refresh = 1
 	}
-	pg.Data = rows
+	d.Rows = rows
+	if s.o.Finished != nil {
+		for _, f := range s.o.Finished() {
+			if p.Sees(f.Tenant) {
+				d.Finished = append(d.Finished, f)
+			}
+		}
+	}
+	pg.Data = d
 	s.render(w, "journals", pg)
 }
 
@@ -413,6 +484,7 @@ func showLetter(l client.DeadLetter) letterRow {
 	row.DeadLetter.Body, row.DeadLetter.BodyText, row.DeadLetter.BodyBase64, row.DeadLetter.Headers = nil, "", "", nil
 	row.DeadLetter.Error, _ = cut(l.Error, MaxHeaderShown)
 	row.DeadLetter.RequestID, _ = cut(l.RequestID, 256)
+	row.DeadLetter.MsgID, _ = cut(l.MsgID, 256)
 	return row
 }
 
@@ -516,24 +588,50 @@ func (s *server) dlqAction(w http.ResponseWriter, r *http.Request, p api.Princip
 
 type requestsData struct {
 	Tenant, ID, Answer string
+	// NotFound: the lookup found no receipt and nothing in flight.
+	NotFound bool
+	// DeadLetter is the request's dead letter (an invalid request stores
+	// no receipt), DeadLetterLink the dead-letter page showing it.
+	DeadLetter     *client.DeadLetter
+	DeadLetterLink string
+	// SearchCut: no dead letter among the tenant's newest; older ones
+	// were not searched.
+	SearchCut bool
+	// Recent is the list of recent requests (the page without an id).
+	Recent *recentData
 }
 
 func (s *server) requests(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
-	pg.Title, pg.Page = "Request lookup", "requests"
-	d := requestsData{Tenant: r.URL.Query().Get("tenant"), ID: r.URL.Query().Get("id")}
+	pg.Title, pg.Page = "Requests", "requests"
+	q := r.URL.Query()
+	d := requestsData{Tenant: q.Get("tenant"), ID: q.Get("id")}
 	if d.Tenant != "" && d.ID != "" {
-		d.Answer = s.lookup(r.Context(), p, d.Tenant, d.ID)
+		var found bool
+		d.Answer, found = s.lookup(r.Context(), p, d.Tenant, d.ID)
+		if !found && p.Sees(d.Tenant) {
+			d.NotFound = true
+			if l, ok, cut := s.findDeadLetter(r.Context(), d.Tenant, d.ID); ok {
+				d.DeadLetter = &l
+				d.DeadLetterLink = "/ui/dlq?" + url.Values{"tenant": {d.Tenant}, "before": {strconv.FormatUint(l.Seq+1, 10)}}.Encode() + "#letter-" + strconv.FormatUint(l.Seq, 10)
+			} else {
+				d.SearchCut = cut
+			}
+		}
+	} else {
+		d.Recent = s.recent(r.Context(), p, q)
 	}
 	pg.Data = d
 	s.render(w, "requests", pg)
 }
 
-// lookup answers a request lookup in the read API's own words.
-func (s *server) lookup(ctx context.Context, p api.Principal, tenant, rid string) string {
+// lookup answers a request lookup in the read API's own words, and
+// whether the request was found (answered or in flight).
+func (s *server) lookup(ctx context.Context, p api.Principal, tenant, rid string) (string, bool) {
 	if !p.Sees(tenant) {
 		s.o.Auth.Denied("forbidden_tenant")
-		return fmt.Sprintf("your token may not read tenant %q", tenant)
+		return fmt.Sprintf("your token may not read tenant %q", tenant), true
 	}
+	found := false
 	var out strings.Builder
 	for _, path := range []string{"/v1/tenants/" + url.PathEscape(tenant) + "/requests/" + url.PathEscape(rid),
 		"/v1/tenants/" + url.PathEscape(tenant) + "/erasures/" + url.PathEscape(rid)} {
@@ -543,13 +641,16 @@ func (s *server) lookup(ctx context.Context, p api.Principal, tenant, rid string
 		if strings.Contains(path, "/erasures/") && rec.code == http.StatusNotFound {
 			continue
 		}
+		if strings.Contains(path, "/requests/") && rec.code == http.StatusOK {
+			found = true
+		}
 		var b bytes.Buffer
 		if json.Indent(&b, rec.body.Bytes(), "", "  ") != nil {
 			b.Write(rec.body.Bytes())
 		}
 		fmt.Fprintf(&out, "GET %s → %d\n%s\n", path, rec.code, b.String())
 	}
-	return out.String()
+	return out.String(), found
 }
 
 type recorder struct {
@@ -574,10 +675,24 @@ type explorerData struct {
 	Live                        bool
 	// InFlight names the journal in flight that kept the coordinate's tx
 	// below the one asked (as the read API's cascade_in_flight).
-	InFlight                  string
-	Version                   string
-	Edges                     []edgeRow
-	MoreEdges                 bool
+	InFlight  string
+	Version   string
+	Edges     []edgeRow
+	MoreEdges bool
+	// The edges shown are EdgesFrom+1 to EdgesFrom+len(Edges) of
+	// EdgesTotal (EdgesMore: more than EdgesTotal, the count's bound, or
+	// EdgesUnknown: the count met a cascade in flight); EdgesNext is the
+	// next page's link (the same coordinate), EdgesFirst the first's.
+	EdgesFrom             int
+	EdgesTotal            int
+	EdgesMore             bool
+	EdgesUnknown          bool
+	EdgesNext, EdgesFirst string
+	// Deleted says how a node or edge that reads absent was deleted ("" if
+	// it was not: not valid yet at this valid time, or no version yet).
+	Deleted string
+	// Committed is the store's committed tx (the hints of the empty form).
+	Committed                 string
 	History                   []historyRow
 	HistoryNext, HistoryFirst string // links to the next page and the first
 	SVG                       template.HTML
@@ -589,12 +704,16 @@ type historyRow struct {
 	Tx, Valid, RequestID string
 	Tombstone, Erased    bool
 	Before, At           string
+	RequestLink          string
 }
 
-// Explorer pages: ExplorerEdges edges and HistoryPageSize versions a page.
+// Explorer pages: ExplorerEdges edges and HistoryPageSize versions a page;
+// ExplorerEdgeCount bounds the count of a node's edges at the coordinate
+// (past it the page says "more than").
 const (
-	ExplorerEdges   = 50
-	HistoryPageSize = 100
+	ExplorerEdges     = 50
+	HistoryPageSize   = 100
+	ExplorerEdgeCount = 10_000
 )
 
 func fmtTs(t storage.Ts) string {
@@ -612,6 +731,7 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 		d.Kind = "node"
 	}
 	pg.Data = &d
+	d.Committed = fmtTs(s.o.Store.Committed())
 	if d.ID == "" {
 		s.render(w, "explorer", pg)
 		return
@@ -650,6 +770,19 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 		}
 		after = &[2]storage.Ts{storage.Ts(x), storage.Ts(y)}
 	}
+	// eafter: where the previous page of edges stopped (o:<edge id> in the
+	// out rows, i:<edge id> in the in rows); en: how many came before.
+	var eafter *storage.EdgeCursor
+	if e := q.Get("eafter"); e != "" {
+		dir, eid, ok := strings.Cut(e, ":")
+		u, err := uuid.Parse(eid)
+		n, nerr := strconv.Atoi(q.Get("en"))
+		if !ok || (dir != "o" && dir != "i") || err != nil || nerr != nil || n < 0 {
+			fail(fmt.Sprintf("eafter %q (en %q) is not an edge cursor", e, q.Get("en")))
+			return
+		}
+		eafter, d.EdgesFrom = &storage.EdgeCursor{Out: dir == "o", ID: u}, n
+	}
 	// The coordinate, as the read API takes it (safe time: default tx the
 	// committed one; a tx above it is answered at it; a journal in flight
 	// on the node, or on a neighbour an edge leads to, lowers it below the
@@ -683,7 +816,7 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	var edges storage.EdgesPage
 	if kind == storage.KindNode {
 		for {
-			page, blocked, err := api.SafeEdgesPage(s.o.Store, sc, id, storage.DirBoth, v, t, nil, ExplorerEdges, 40*ExplorerEdges)
+			page, blocked, err := api.SafeEdgesPage(s.o.Store, sc, id, storage.DirBoth, v, t, eafter, ExplorerEdges, 40*ExplorerEdges)
 			if err != nil {
 				fail(err.Error())
 				return
@@ -712,6 +845,9 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	if ok {
 		b, _ := json.MarshalIndent(api.VersionJSON(&ver), "", "  ")
 		d.Version = string(b)
+	} else if d.Deleted, err = deletedAt(s.o.Store, sc, kind, id, t); err != nil {
+		fail(err.Error())
+		return
 	}
 	link := func(kind string, id uuid.UUID, v, t storage.Ts) string {
 		return "/ui/explorer?" + url.Values{"tenant": {d.Tenant}, "kind": {kind}, "id": {id.String()}, "valid": {fmtTs(v)}, "tx": {fmtTs(t)}}.Encode()
@@ -721,6 +857,27 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 			Valid: fmtTs(e.Valid.Start) + " – " + fmtTs(e.Valid.End), Tx: fmtTs(e.Tx.Start), Link: link("edge", e.ID, v, t)})
 	}
 	d.MoreEdges = edges.Next != nil
+	d.EdgesTotal = d.EdgesFrom + len(edges.Edges)
+	if edges.Next != nil {
+		more, capped, unknown, err := s.countEdges(sc, id, v, t, edges.Next, ExplorerEdgeCount-d.EdgesTotal)
+		if err != nil {
+			fail(err.Error())
+			return
+		}
+		d.EdgesTotal += more
+		d.EdgesMore, d.EdgesUnknown = capped, unknown
+		c := edges.Next
+		dir := "i"
+		if c.Out {
+			dir = "o"
+		}
+		// The next page reads at the coordinate this one was answered at.
+		d.EdgesNext = "/ui/explorer?" + url.Values{"tenant": {d.Tenant}, "kind": {"node"}, "id": {d.ID}, "valid": {fmtTs(v)}, "tx": {fmtTs(t)},
+			"eafter": {dir + ":" + c.ID.String()}, "en": {strconv.Itoa(d.EdgesFrom + len(edges.Edges))}}.Encode()
+	}
+	if eafter != nil {
+		d.EdgesFirst = "/ui/explorer?" + url.Values{"tenant": {d.Tenant}, "kind": {"node"}, "id": {d.ID}, "valid": {fmtTs(v)}, "tx": {fmtTs(t)}}.Encode()
+	}
 	// The history, a page at a time (versions not committed yet are not
 	// shown: safe time).
 	hist, next, err := storage.HistoryPage(rd, sc, kind, id, after, HistoryPageSize, committed)
@@ -730,7 +887,7 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	}
 	for _, h := range hist {
 		d.History = append(d.History, historyRow{Tx: fmtTs(h.Tx.Start), Valid: fmtTs(h.Valid.Start) + " – " + fmtTs(h.Valid.End),
-			RequestID: h.Prov.RequestID, Tombstone: h.Tombstone, Erased: h.Erased,
+			RequestID: h.Prov.RequestID, Tombstone: h.Tombstone, Erased: h.Erased, RequestLink: reqLinkIf(d.Tenant, h.Prov.RequestID),
 			Before: link(d.Kind, id, v, h.Tx.Start-1), At: link(d.Kind, id, v, h.Tx.Start)})
 	}
 	self := url.Values{"tenant": {d.Tenant}, "kind": {d.Kind}, "id": {d.ID}}
@@ -753,6 +910,78 @@ func (s *server) explorer(w http.ResponseWriter, r *http.Request, p api.Principa
 	}
 	d.SVG = historySVG(hist, committed, v, t, func(h storage.Version) string { return link(d.Kind, id, v, h.Tx.Start) })
 	s.render(w, "explorer", pg)
+}
+
+// reqLinkIf is the lookup of a request id ("" for none).
+func reqLinkIf(tenant, rid string) string {
+	if rid == "" {
+		return ""
+	}
+	return requestLink(tenant, rid)
+}
+
+// deletedPages bounds the history pages deletedAt reads.
+const deletedPages = 20
+
+// deletedAt says, for an entity that reads absent at tx t, the tombstone
+// that deleted it: its latest version at or below t when that is a
+// tombstone ("deleted at tx X (request R), valid from V"); "" otherwise.
+func deletedAt(st *storage.Store, sc storage.Scope, kind storage.Kind, id uuid.UUID, t storage.Ts) (string, error) {
+	// The history at t, a page at a time, to its last page (one page in
+	// practice: a tombstone ends a history; at most deletedPages, past
+	// which the page does not say).
+	var hist []storage.Version
+	for after, pages := (*[2]storage.Ts)(nil), 0; ; pages++ {
+		if pages == deletedPages {
+			return "", nil
+		}
+		page, next, err := storage.HistoryPage(st.Reader(), sc, kind, id, after, HistoryPageSize, t)
+		if err != nil {
+			return "", err
+		}
+		if len(page) > 0 {
+			hist = page
+		}
+		if next == nil {
+			break
+		}
+		after = next
+	}
+	var last *storage.Version
+	for i := range hist {
+		if hist[i].Tx.Start <= t && (last == nil || hist[i].Tx.Start >= last.Tx.Start) {
+			last = &hist[i]
+		}
+	}
+	if last == nil || !last.Tombstone {
+		return "", nil
+	}
+	out := "deleted at tx " + fmtTs(last.Tx.Start)
+	if last.Prov.RequestID != "" {
+		out += " (request " + last.Prov.RequestID + ")"
+	}
+	return out + ", valid from " + fmtTs(last.Valid.Start), nil
+}
+
+// countEdges counts a node's edges at (v, t) from cursor c on, at most
+// limit of them (capped: there are more); unknown: the count met a
+// cascade in flight and stopped.
+func (s *server) countEdges(sc storage.Scope, id uuid.UUID, v, t storage.Ts, c *storage.EdgeCursor, limit int) (n int, capped, unknown bool, err error) {
+	for c != nil {
+		if n >= limit {
+			return n, true, false, nil
+		}
+		page, blocked, err := api.SafeEdgesPage(s.o.Store, sc, id, storage.DirBoth, v, t, c, min(limit-n, 1000), 4000)
+		if err != nil {
+			return n, false, false, err
+		}
+		if blocked != nil {
+			return n, false, true, nil
+		}
+		n += len(page.Edges)
+		c = page.Next
+	}
+	return min(n, limit), false, false, nil
 }
 
 // historySVG draws the versions as boxes over valid time (x), stacked by
@@ -789,11 +1018,19 @@ func historySVG(hist []storage.Version, committed, v, t storage.Ts, link func(st
 		}
 		return left + (width-2*left)*float64(ts-lo)/float64(hi-lo)
 	}
-	height := row*float64(len(vs)) + 30
+	height := row*float64(len(vs)) + 30 + tickRoom
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg id="history-svg" xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" role="img" aria-label="history">`, width, height)
+	// Valid-time ticks along the bottom (the axis the boxes span).
+	axis := height - 30 - tickRoom
+	fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#8a96a3"/>`, left, axis, width-left, axis)
+	for _, tk := range validTicks(lo, hi, 5) {
+		tx := x(tk)
+		fmt.Fprintf(&b, `<line class="tick" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#8a96a3"/><text class="tick-label" x="%.1f" y="%.1f" text-anchor="middle" fill="#566270">%s</text>`,
+			tx, axis, tx, axis+5, tx, axis+17, template.HTMLEscapeString(tickLabel(tk, hi-lo)))
+	}
 	for i, h := range vs {
-		y := height - 30 - row*float64(i+1)
+		y := axis - row*float64(i+1)
 		fill, label := "#2f7de1", "version"
 		if h.Tombstone {
 			fill, label = "#c62828", "tombstone"
@@ -809,17 +1046,63 @@ func historySVG(hist []storage.Version, committed, v, t storage.Ts, link func(st
 	// The coordinate: valid (vertical) and the last version at or below tx
 	// (horizontal).
 	cx := x(v)
-	fmt.Fprintf(&b, `<line x1="%.1f" y1="0" x2="%.1f" y2="%.0f" stroke="#111" stroke-dasharray="4 3"/>`, cx, cx, height-24)
+	fmt.Fprintf(&b, `<line x1="%.1f" y1="0" x2="%.1f" y2="%.0f" stroke="#111" stroke-dasharray="4 3"/>`, cx, cx, axis)
 	k := 0
 	for i, h := range vs {
 		if h.Tx.Start <= t {
 			k = i + 1
 		}
 	}
-	cy := height - 30 - row*float64(k)
+	cy := axis - row*float64(k)
 	fmt.Fprintf(&b, `<line x1="0" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#111" stroke-dasharray="4 3"/>`, cy, width, cy)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.0f">valid %s</text><text x="%.1f" y="%.0f">tx %s (below the line: what reads there)</text>`,
 		left, height-8, template.HTMLEscapeString(fmtTs(v)), width/2, height-8, template.HTMLEscapeString(fmtTs(t)))
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // every interpolated string above is escaped
+}
+
+// tickRoom is the room under the boxes for the valid-time ticks.
+const tickRoom = 22.0
+
+// validTicks returns about n round instants between lo and hi (a step of
+// 1, 2 or 5 times a power of ten of seconds, or of minutes, hours, days).
+func validTicks(lo, hi storage.Ts, n int) []storage.Ts {
+	if hi <= lo || n < 1 {
+		return nil
+	}
+	if hi-lo <= 0 || hi-lo > storage.Ts(math.MaxInt64/1000) {
+		return nil // overflows a Duration: no ticks
+	}
+	span := time.Duration(hi-lo) * time.Microsecond
+	steps := []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
+		10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 30 * time.Minute,
+		time.Hour, 2 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour}
+	step := steps[len(steps)-1]
+	for _, st := range steps {
+		if span/st <= time.Duration(n) {
+			step = st
+			break
+		}
+	}
+	us := storage.Ts(step / time.Microsecond)
+	var out []storage.Ts
+	for tk := (lo/us + 1) * us; tk < hi && len(out) < 2*n; tk += us {
+		out = append(out, tk)
+	}
+	return out
+}
+
+// tickLabel is a tick's time, as precise as the span needs.
+func tickLabel(tk, span storage.Ts) string {
+	t := tk.Time().UTC()
+	switch d := time.Duration(span) * time.Microsecond; {
+	case d < 10*time.Second:
+		return t.Format("15:04:05.000")
+	case d < 24*time.Hour:
+		return t.Format("15:04:05")
+	case d < 90*24*time.Hour:
+		return t.Format("Jan 2 15:04")
+	default:
+		return t.Format("2006-01-02")
+	}
 }

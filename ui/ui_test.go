@@ -51,6 +51,9 @@ type world struct {
 type worldOpts struct {
 	mode api.AuthMode
 	nats bool
+	// extra completes the page's options (given the world, its NATS
+	// connection set when nats).
+	extra func(w *world, o *ui.Options)
 }
 
 func newWorld(t *testing.T, o worldOpts) *world {
@@ -89,8 +92,14 @@ func newWorld(t *testing.T, o worldOpts) *world {
 		if _, err := pjs.CreateStream(context.Background(), jetstream.StreamConfig{Name: "TELHA_REQ", Subjects: []string{"telha.req.*"}}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := pjs.CreateStream(context.Background(), jetstream.StreamConfig{Name: "TELHA_RES", Subjects: []string{"telha.res.*"}}); err != nil {
+			t.Fatal(err)
+		}
 		w.js = pjs // the test publishes on its own connection
 		opts.DeadLetters = client.DeadLetterStream{JS: mustJS(t, w.nc), Stream: "TELHA_DLQ", Prefix: "telha"}
+	}
+	if o.extra != nil {
+		o.extra(w, &opts)
 	}
 	w.h = ui.Handler(opts)
 	return w
