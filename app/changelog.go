@@ -560,6 +560,11 @@ func (c *changelog) ScrubCopies(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
 	}
+	if info.Existed {
+		// The store's marker makes the sequence new: a checkpoint already
+		// named after it may predate the scrub.
+		return fmt.Errorf("changelog: a checkpoint at the erase's sequence %d already existed: not trusting it", info.Seq)
+	}
 	if last := c.cl.Last(); info.Seq != last {
 		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d but the log ends at %d: not purging", info.Seq, last)
 	}

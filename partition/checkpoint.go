@@ -61,6 +61,9 @@ type CheckpointInfo struct {
 	Size uint64
 	// Modified is when the object store recorded it.
 	Modified time.Time
+	// Existed: SaveCheckpoint found this checkpoint already stored (nothing
+	// committed since) and kept it rather than upload it again.
+	Existed bool
 }
 
 // CheckpointName is the object name of partition p's checkpoint at seq.
@@ -132,6 +135,15 @@ func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *p
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint: %w", p, err)
 	}
 	name := CheckpointName(p, seq)
+	// A checkpoint at this sequence already stored holds the same state:
+	// it is kept, not replaced. A Put under its name would purge its chunks
+	// without overwriting them, leaving their bytes in the bucket's block
+	// files, where an erase could not reach them (erase.go).
+	if old, err := obs.GetInfo(ctx, name); err == nil && !old.Deleted {
+		return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true}, nil
+	} else if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTar(pw, dir)) }()
 	info, err := obs.Put(ctx, jetstream.ObjectMeta{

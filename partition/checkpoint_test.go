@@ -165,3 +165,43 @@ func TestCheckpointNames(t *testing.T) {
 		t.Fatal("names do not sort by sequence")
 	}
 }
+
+// TestCheckpointAtTheSameSequenceIsKept: a second SaveCheckpoint with
+// nothing committed since the first keeps the stored object (same chunks)
+// rather than replacing it: a replacement would purge the first one's
+// chunks without overwriting them (erase.go).
+func TestCheckpointAtTheSameSequenceIsKept(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	cl, err := Open(ctx, js, Config{Partition: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := openDB(t, "")
+	o := newOwner(t, cl, src, 1)
+	o.mustCommit(ctx, 0)
+	first, err := SaveCheckpoint(ctx, obs, 1, src)
+	if err != nil || first.Existed {
+		t.Fatalf("first checkpoint %+v %v", first, err)
+	}
+	before, err := obs.GetInfo(ctx, first.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := SaveCheckpoint(ctx, obs, 1, src)
+	if err != nil || !second.Existed || second.Seq != first.Seq {
+		t.Fatalf("second checkpoint at the same sequence %+v %v, want the first kept", second, err)
+	}
+	after, err := obs.GetInfo(ctx, first.Name)
+	if err != nil || after.NUID != before.NUID {
+		t.Fatalf("the object was replaced: nuid %s -> %s (%v)", before.NUID, after.NUID, err)
+	}
+	o.mustCommit(ctx, 0)
+	if third, err := SaveCheckpoint(ctx, obs, 1, src); err != nil || third.Existed || third.Seq != first.Seq+1 {
+		t.Fatalf("checkpoint after a commit %+v %v", third, err)
+	}
+}
