@@ -464,7 +464,8 @@ func (a *App) metricsState() metrics.State {
 			if s == nil {
 				return metrics.QueueStats{}
 			}
-			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true, At: s.At, Oldest: s.Oldest}
+			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true, At: s.At, Oldest: s.Oldest,
+				Paused: a.worker.PauseState().Paused}
 		},
 		DiskFree: a.store.DiskFree,
 		Pebble: func() metrics.PebbleStats {

@@ -34,7 +34,7 @@ var families = []string{
 	"telha_pebble_disk_usage_bytes", "telha_pebble_write_stalls_total", "telha_pebble_write_stall_duration_seconds_total",
 	"telha_storage_commit_failures_total", "telha_storage_disk_free_bytes", "telha_writer_wait_seconds", "telha_writer_task_seconds", "telha_dead_letter_failures_total",
 	"telha_dead_letter_result_failures_total", "telha_request_queue_seconds", "telha_queue_oldest_pending_age_seconds",
-	"telha_queue_info_timestamp_seconds", "telha_results_parked", "telha_results_parked_events_total", "telha_api_denied_total",
+	"telha_queue_info_timestamp_seconds", "telha_consumer_paused", "telha_results_parked", "telha_results_parked_events_total", "telha_api_denied_total",
 	"go_goroutines", "process_resident_memory_bytes",
 }
 
@@ -266,6 +266,9 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 		}
 		return got > 1
 	})
+	if got := metricValue(t, w, "telha_consumer_paused"); got != 1 {
+		t.Errorf("telha_consumer_paused = %v while the consumer is paused, want 1", got)
+	}
 	if _, err := b.js.ResumeConsumer(ctx, cfg.ReqStream, cfg.ConsumerName()); err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +290,9 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 		}
 		return metricValue(t, w, "telha_queue_oldest_pending_age_seconds") == 0
 	})
+	if got := metricValue(t, w, "telha_consumer_paused"); got != 0 {
+		t.Errorf("telha_consumer_paused = %v after the resume, want 0", got)
+	}
 }
 
 // TestMetricsResultsParked: a journaled cascade's result that the results

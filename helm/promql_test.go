@@ -45,8 +45,9 @@ var workerMetrics = map[string]string{
 	"telha_request_queue_seconds":                     "histogram",
 	"telha_queue_oldest_pending_age_seconds":          "gauge",
 	"telha_queue_info_timestamp_seconds":              "gauge",
+	"telha_consumer_paused":                           "gauge",
 	"telha_results_parked":                            "gauge",
-	"telha_results_parked_events_total":                      "counter",
+	"telha_results_parked_events_total":               "counter",
 	"telha_storage_commit_failures_total":             "counter",
 	"telha_storage_disk_free_bytes":                   "gauge",
 }

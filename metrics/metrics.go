@@ -310,6 +310,9 @@ type QueueStats struct {
 	// Oldest is the stream timestamp of the oldest request not yet acked
 	// (zero when none, or not known).
 	Oldest time.Time
+	// Paused: this replica's consumer is paused (JetStream's consumer
+	// pause), as of At.
+	Paused bool
 }
 
 // PebbleStats are Pebble's health figures.
@@ -362,6 +365,13 @@ func (m *Metrics) AttachState(st State) {
 					return 0
 				}
 				return max(time.Since(q.Oldest), 0).Seconds()
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_consumer_paused", Help: "1 while this replica's request consumer is paused (enqueue pause, the status page, nats consumer pause), as of telha_queue_info_timestamp_seconds."},
+			func() float64 {
+				if q := st.Queue(); q.OK && q.Paused {
+					return 1
+				}
+				return 0
 			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "telha_queue_info_timestamp_seconds", Help: "Unix time of the last read of the consumer's info, which the telha_queue_* gauges show (0: not read yet)."},
 			func() float64 {
