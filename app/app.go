@@ -41,8 +41,8 @@ var Build = metrics.Build{Version: "dev", Revision: "unknown"}
 type Options struct {
 	// Clock replaces the wall clock of the store and reaper.
 	Clock storage.Clock
-	// OnReady is called once the worker is ready (startup resume done,
-	// consuming).
+	// OnReady is called once the worker is ready (consuming; journals a
+	// previous process left may still be resuming in the background).
 	OnReady func(*App)
 	// WrapEngine wraps the storage engine (fault injection).
 	WrapEngine func(storage.Engine) storage.Engine
@@ -95,6 +95,9 @@ type App struct {
 	ncClosed    chan struct{}
 	storeOpen   atomic.Bool
 	startupDone atomic.Bool
+	// resuming: the startup pass still resumes, in the background, journals
+	// a previous process left (a note on /readyz, not a reason).
+	resuming atomic.Bool
 }
 
 // NewLogger builds the process logger from the configuration.
@@ -134,8 +137,9 @@ func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 // Worker returns the queue worker (tests).
 func (a *App) Worker() *queue.Worker { return a.worker }
 
-// Ready reports readiness: Pebble open, NATS connected, startup resume done;
-// a paused consumer is a note, not a reason (ready all the same).
+// Ready reports readiness: Pebble open, NATS connected, consumer started;
+// a paused consumer and a startup resume still running in the background
+// are notes, not reasons (ready all the same: only the fenced nodes wait).
 func (a *App) Ready() (bool, []string) {
 	var why []string
 	if !a.storeOpen.Load() {
@@ -148,7 +152,7 @@ func (a *App) Ready() (bool, []string) {
 		why = append(why, "nats: not connected")
 	}
 	if !a.startupDone.Load() {
-		why = append(why, "startup: resuming journals")
+		why = append(why, "startup: not consuming yet")
 	}
 	if a.storeOpen.Load() {
 		if free, err := a.store.DiskFree(); err == nil && a.cfg.MinFreeDiskMB > 0 && free < uint64(a.cfg.MinFreeDiskMB)<<20 {
@@ -160,6 +164,9 @@ func (a *App) Ready() (bool, []string) {
 	if a.startupDone.Load() { // a.worker is set before (and read after) this store
 		if p := a.worker.PauseState(); p.Paused {
 			why = append(why, fmt.Sprintf("consumer %s: %s (enqueue resume, or the status page, resumes it)", p.Consumer, p))
+		}
+		if n := a.store.Journals().Len(); n > 0 && a.resuming.Load() {
+			why = append(why, fmt.Sprintf("startup: resuming %d journals in the background (requests touching their nodes wait)", n))
 		}
 	}
 	return ok, why
@@ -331,15 +338,27 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 
-	// Startup pass: every journal a previous process left is resumed before
-	// a single message is consumed, and the results of finished ones
-	// published.
-	res := rp.RunOnce(ctx)
-	if ctx.Err() != nil {
-		return fatalOrNil(ctx)
-	}
-	log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "published", res.Published, "took", res.Took)
+	// Startup pass, in the background: every journal a previous process
+	// left is resumed by the reaper's appliers (bounded as any) while the
+	// worker consumes, and the results of finished ones published. Their
+	// fences were loaded with the store, so only requests touching their
+	// nodes wait (writes: cascade_in_flight; reads: below the journal, or a
+	// wait). SIGTERM pauses the appliers between chunks (the reaper's Stop).
 	rp.Start()
+	if n := st.Journals().Len(); n > 0 {
+		log.Info("startup resume: resuming journals in the background", "journals", n)
+	}
+	a.resuming.Store(true)
+	if !rp.StartResume(func(res reaper.RunResult) {
+		a.resuming.Store(false)
+		if res.Err != nil && ctx.Err() != nil {
+			log.Info("startup resume paused by shutdown; the next start resumes the rest", "resumed", res.Resumed, "took", res.Took)
+			return
+		}
+		log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "published", res.Published, "took", res.Took)
+	}) {
+		a.resuming.Store(false)
+	}
 
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(context.Background())

@@ -51,7 +51,16 @@ func scrape(t *testing.T, w *running) string {
 
 func TestFreshWorkerExposesEveryFamily(t *testing.T) {
 	ns := testnats.Start(t)
-	w := startWorker(t, ns, t.TempDir(), Options{})
+	// The startup pass runs in the background (issue 23 item 17): wait for
+	// it before looking for its count.
+	passed := make(chan struct{})
+	var once sync.Once
+	w := startWorker(t, ns, t.TempDir(), Options{ReaperHooks: reaper.Hooks{Run: func(reaper.RunResult) { once.Do(func() { close(passed) }) }}})
+	select {
+	case <-passed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the startup reaper pass did not run")
+	}
 	text := scrape(t, w)
 	for _, f := range families {
 		if !strings.Contains(text, "# TYPE "+f+" ") {

@@ -12,9 +12,10 @@
 //     (the lease is the service's record of it; leases live in memory
 //     because one process owns a store, so a restarted process starts with
 //     every journal unowned);
-//   - passes: RunOnce, once at startup before the worker consumes anything
-//     (every journal a previous process left is applied to completion),
-//     then on a cron schedule (robfig/cron) for journals whose applier
+//   - passes: RunOnce, once at startup in the background (StartResume:
+//     every journal a previous process left is applied to completion while
+//     the worker consumes; their fences, loaded with the store, hold back
+//     only the requests touching their nodes), then on a cron schedule (robfig/cron) for journals whose applier
 //     failed; a pass that would overlap the previous one is skipped;
 //   - backoff and poison: a failing journal is retried after
 //     RetryBackoff * 2^(failures-1) (at most 10 minutes) and reported as

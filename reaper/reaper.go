@@ -260,8 +260,8 @@ func New(store *storage.Store, cfg Config) (*Service, error) {
 }
 
 // Start starts the cron passes and the outbox publisher, and takes up the
-// journals handed over so far. The caller runs the startup pass (RunOnce)
-// itself, before consuming messages.
+// journals handed over so far. The caller runs the startup pass: StartResume
+// (in the background, while the worker consumes) or RunOnce.
 func (s *Service) Start() {
 	s.mu.Lock()
 	if s.started || s.stopping {
@@ -275,6 +275,32 @@ func (s *Service) Start() {
 	go func() { defer s.wg.Done(); s.publishLoop() }()
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.eraseLoop() }()
+}
+
+// StartResume runs the startup pass in the background: every journal a
+// previous process left is resumed by the usual appliers (MaxAppliers at
+// once) while the worker consumes. Their fences were loaded with the store,
+// so only requests touching a fenced node wait (writes: cascade_in_flight;
+// reads: below the journal, or a wait). The pass runs under the service's
+// WaitGroup on its context: Stop pauses its appliers between chunks and
+// waits for it. done, when set, receives the pass's result. It returns
+// false (and runs nothing) once Stop has begun.
+func (s *Service) StartResume(done func(RunResult)) bool {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return false
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		res := s.RunOnce(s.ctx)
+		if done != nil {
+			done(res)
+		}
+	}()
+	return true
 }
 
 // BeginErase takes an erase whose head just committed (cascade.EraseSink).
@@ -641,8 +667,8 @@ func (s *Service) forget(j *journal) {
 // RunOnce runs one pass, unless one is already running (then it returns a
 // Skipped result at once): it starts an applier on every registered journal
 // that has none and whose backoff has elapsed, waits for those attempts to
-// end, and publishes the outbox. At startup, before any message is
-// consumed, it resumes every journal a previous process left.
+// end, and publishes the outbox. At startup (StartResume) it resumes every
+// journal a previous process left, in the background.
 func (s *Service) RunOnce(ctx context.Context) RunResult {
 	if !s.running.CompareAndSwap(false, true) {
 		res := RunResult{Skipped: true}
