@@ -337,6 +337,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if err := a.provision(ctx); err != nil {
 		return err
 	}
+	if ctx.Err() != nil { // SIGTERM (or a fatal error) while provisioning
+		return fatalOrNil(ctx)
+	}
 
 	// Startup pass, in the background: every journal a previous process
 	// left is resumed by the reaper's appliers (bounded as any) while the
@@ -351,7 +354,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	a.resuming.Store(true)
 	if !rp.StartResume(func(res reaper.RunResult) {
 		a.resuming.Store(false)
-		if res.Err != nil && ctx.Err() != nil {
+		if errors.Is(res.Err, context.Canceled) { // the reaper stopped mid-pass
 			log.Info("startup resume paused by shutdown; the next start resumes the rest", "resumed", res.Resumed, "took", res.Took)
 			return
 		}
