@@ -32,6 +32,7 @@ type options struct {
 	opMessages, opBytes           int
 	deepLetters, deepDepth, views int
 	hubEdges, waits               int
+	backlog, backlogTenants       int
 	json                          bool
 	keep                          bool
 	only                          string
@@ -50,6 +51,7 @@ type Flood struct {
 	PageSecondsMax    float64        `json:"page_seconds_max,omitempty"`
 	GoroutinesPeak    int            `json:"goroutines_peak,omitempty"`
 	GoroutinesAfter   int            `json:"goroutines_after,omitempty"`
+	GoHeapPeakMB      float64        `json:"go_heap_peak_mb,omitempty"`
 	DeadLettersStored int            `json:"dead_letters_stored,omitempty"`
 }
 
@@ -77,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.views, "deep-views", 10, "views of the dead-letter page (each with and without a tenant filter)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 200_000, "edges of the hub whose cascade fences the waits")
 	fs.IntVar(&o.waits, "waits", 5000, "concurrent ?wait=30 reads")
+	fs.IntVar(&o.backlog, "backlog", 300_000, "requests of the backlog flood (not in the default set: --floods backlog)")
+	fs.IntVar(&o.backlogTenants, "backlog-tenants", 5000, "tenants the backlog is spread over")
 	fs.BoolVar(&o.json, "json", false, "one JSON object on stdout")
 	fs.BoolVar(&o.keep, "keep", false, "keep the worker's temp dir")
 	fs.StringVar(&o.only, "floods", "ops,deep,waits", "the floods to run, in order")
@@ -86,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if o.opMessages < 1 || o.opBytes < 1 || o.deepLetters < 1 || o.deepDepth < 1 || o.views < 1 || o.hubEdges < 1 || o.waits < 1 {
+	if o.opMessages < 1 || o.opBytes < 1 || o.deepLetters < 1 || o.deepDepth < 1 || o.views < 1 || o.hubEdges < 1 || o.waits < 1 || o.backlog < 1 || o.backlogTenants < 1 {
 		fmt.Fprintln(stderr, "flood: every count must be at least 1")
 		return 2
 	}
@@ -311,11 +315,11 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 		return nil, err
 	}
 	rep := &Report{GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
-	all := map[string]func(context.Context, *options, *worker, jetstream.JetStream, io.Writer) (Flood, error){"ops": floodOps, "deep": floodDeep, "waits": floodWaits}
+	all := map[string]func(context.Context, *options, *worker, jetstream.JetStream, io.Writer) (Flood, error){"ops": floodOps, "deep": floodDeep, "waits": floodWaits, "backlog": floodBacklog}
 	for _, name := range strings.Split(o.only, ",") {
 		f, ok := all[strings.TrimSpace(name)]
 		if !ok {
-			return rep, fmt.Errorf("--floods: no flood %q (ops, deep, waits)", name)
+			return rep, fmt.Errorf("--floods: no flood %q (ops, deep, waits, backlog)", name)
 		}
 		fl, err := f(ctx, o, w, js, stderr)
 		if err == nil {
@@ -598,10 +602,109 @@ func printReport(out io.Writer, rep *Report) {
 		if f.PageBytesMax > 0 {
 			extra = append(extra, fmt.Sprintf("page ≤ %d bytes, ≤ %.3f s", f.PageBytesMax, f.PageSecondsMax))
 		}
+		if f.GoHeapPeakMB > 0 {
+			extra = append(extra, fmt.Sprintf("Go heap in use peak %.0f MB", f.GoHeapPeakMB))
+		}
 		if f.GoroutinesPeak > 0 {
 			extra = append(extra, fmt.Sprintf("goroutines peak %d, after %d", f.GoroutinesPeak, f.GoroutinesAfter))
 		}
 		fmt.Fprintf(out, "%-6s %9.2f %11.1f %16.1f  %s\n", f.Name, f.Seconds, f.RSSBeforeMB, f.PeakRSSGrowthMB, strings.Join(extra, ", "))
 		fmt.Fprintf(out, "       (%s)\n", f.What)
 	}
+}
+
+// floodBacklog: requests over many tenants published as fast as the
+// server takes them, while the worker applies them; the worker process's
+// peak RSS (the embedded NATS server included) and its Go heap, sampled.
+func floodBacklog(ctx context.Context, o *options, w *worker, js jetstream.JetStream, stderr io.Writer) (Flood, error) {
+	fl := Flood{Name: "backlog", What: fmt.Sprintf("%d put_node requests over %d tenants, published as fast as the server takes them", o.backlog, o.backlogTenants)}
+	before, err := w.resetPeak()
+	if err != nil {
+		return fl, err
+	}
+	fl.RSSBeforeMB = before
+	stop := make(chan struct{})
+	var heapPeak float64
+	var mu sync.Mutex
+	go func() {
+		for {
+			if h, _, err := w.metric(ctx, "go_memstats_heap_inuse_bytes"); err == nil {
+				mu.Lock()
+				heapPeak = max(heapPeak, h/(1<<20))
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	fmt.Fprintf(stderr, "flood: backlog: publishing %d requests\n", o.backlog)
+	const batch = 10_000
+	for i := 0; i < o.backlog; i += batch {
+		bodies := make([][]byte, 0, batch)
+		for j := i; j < min(i+batch, o.backlog); j++ {
+			t := fmt.Sprintf("t%d", j%o.backlogTenants)
+			bodies = append(bodies, []byte(fmt.Sprintf(`{"request_id":"b-%d","op":"put_node","tenant":%q,"id":%q}`, j, t, uuid.NewString())))
+		}
+		for k, b := range bodies {
+			j := i + k
+			m := nats.NewMsg(fmt.Sprintf("telha.req.t%d", j%o.backlogTenants))
+			m.Data = b
+			_, err := js.PublishMsgAsync(m)
+			for errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				select {
+				case <-js.PublishAsyncComplete():
+				case <-ctx.Done():
+					close(stop)
+					return fl, ctx.Err()
+				}
+				_, err = js.PublishMsgAsync(m)
+			}
+			if err != nil {
+				close(stop)
+				return fl, err
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		close(stop)
+		return fl, ctx.Err()
+	}
+	// Wait until the worker has applied the last request of each tenant:
+	// the stream is empty (a work queue deletes what is acked).
+	s, err := js.Stream(ctx, "TELHA_REQ")
+	if err != nil {
+		close(stop)
+		return fl, err
+	}
+	deadline := time.Now().Add(20 * time.Minute)
+	for {
+		info, err := s.Info(ctx)
+		if err == nil && info.State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(stop)
+			return fl, fmt.Errorf("the backlog was not drained within 20m")
+		}
+		select {
+		case <-ctx.Done():
+			close(stop)
+			return fl, ctx.Err()
+		case <-time.After(500 * time.Millisecond): // polling another process, with a deadline
+		}
+	}
+	close(stop)
+	fl.Seconds = time.Since(start).Seconds()
+	fl.PeakRSSGrowthMB = w.peakGrowth(before)
+	mu.Lock()
+	fl.GoHeapPeakMB = heapPeak
+	mu.Unlock()
+	fl.Answers = map[string]int{"drained": o.backlog}
+	return fl, nil
 }
