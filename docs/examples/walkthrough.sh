@@ -108,8 +108,20 @@ check "the NATS CLI read the put's result from TELHA_RES" '^\{"request_id":"req-
 
 # SIGTERM, as Ctrl-C or Kubernetes would stop it: the worker drains and
 # says so, and logs no error.
+# The shell that ran the block may end before the worker does: wait for
+# every process of the group (go run and the worker) to be gone.
 kill -TERM -- "-$worker_pid"
 wait "$worker_pid" 2>/dev/null || true
+deadline=$((SECONDS + 90))
+while kill -0 -- "-$worker_pid" 2>/dev/null; do
+  if [ $SECONDS -ge $deadline ]; then
+    echo "walkthrough: FAIL: the worker was still running 90 s after SIGTERM" >&2
+    kill -KILL -- "-$worker_pid" 2>/dev/null || true
+    fail=1
+    break
+  fi
+  sleep 0.2 # polling for processes to exit, with a deadline
+done
 worker_pid=
 if ! grep -q 'shutting down' "$work/worker.log" || grep -q 'level=ERROR' "$work/worker.log"; then
   echo "walkthrough: FAIL: the worker did not stop cleanly on SIGTERM; its log:" >&2
