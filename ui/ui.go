@@ -1074,7 +1074,16 @@ func validTicks(lo, hi storage.Ts, n int) []storage.Ts {
 		return nil // overflows a Duration: no ticks
 	}
 	span := time.Duration(hi-lo) * time.Microsecond
-	steps := []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
+	// From the tx clock's grain up: a history written within a millisecond
+	// (a put and its tombstone in one test, or one group) still gets ticks.
+	// Steps of 1, 2 and 5 (never more than 2.5x apart), so that the
+	// smallest step giving at most n ticks gives at least 2.
+	steps := []time.Duration{time.Microsecond, 2 * time.Microsecond, 5 * time.Microsecond,
+		10 * time.Microsecond, 20 * time.Microsecond, 50 * time.Microsecond,
+		100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond,
+		time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond,
+		10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond,
+		100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
 		10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 30 * time.Minute,
 		time.Hour, 2 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour}
 	step := steps[len(steps)-1]
@@ -1096,6 +1105,8 @@ func validTicks(lo, hi storage.Ts, n int) []storage.Ts {
 func tickLabel(tk, span storage.Ts) string {
 	t := tk.Time().UTC()
 	switch d := time.Duration(span) * time.Microsecond; {
+	case d < 10*time.Millisecond:
+		return t.Format("15:04:05.000000")
 	case d < 10*time.Second:
 		return t.Format("15:04:05.000")
 	case d < 24*time.Hour:
