@@ -319,10 +319,14 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 			if err := partition.AttachLog(db, id, 0); err != nil {
 				return err
 			}
-		case !attached && last == 0, attached && lid != id && last == 0:
+		case !attached && last == 0, attached && lid != id && last == 0, attached && lid == id && last == 0 && applied == 0:
 			// An upgrade (data written with --changelog off), or a store whose
 			// log is gone (deleted, another N, a NATS without its data): the
-			// local data is the only copy, so it seeds the new log.
+			// local data is the only copy, so it seeds the new log. The third
+			// case is a seed interrupted after AttachLog (a finished start
+			// always leaves applied >= 1 with its claim): its checkpoint at
+			// sequence 0 may be missing, so the seed runs again (its steps
+			// are idempotent).
 			c.log.Info("changelog: seeding the changelog from the local store (checkpoint at sequence 0)",
 				"stream", c.status.Stream, "previous_log", lid)
 			if err := partition.AttachLog(db, id, 0); err != nil {

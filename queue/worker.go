@@ -492,7 +492,9 @@ func (w *Worker) applyGuarded(ctx context.Context, items []*item, idx []int) {
 		}
 	}
 	w.applyGroup(ctx, items, idx)
-	w.clearMarkers(ctx, mark)
+	// Not cancelled by a hard stop: a marker left behind would count the
+	// stop as one more death of a healthy request (crash-loop guard).
+	w.clearMarkers(context.WithoutCancel(ctx), mark)
 }
 
 // clearMarkers deletes the delivery markers of items.
@@ -549,7 +551,7 @@ func (w *Worker) finish(work context.Context, items []*item) {
 				marked = append(marked, it)
 			}
 		}
-		w.clearMarkers(work, marked)
+		w.clearMarkers(context.WithoutCancel(work), marked) // see applyGuarded
 	}()
 	type pending struct {
 		it  *item
