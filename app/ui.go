@@ -292,9 +292,12 @@ func journalKey(j api.Journal) string {
 
 // observe compares the journals now with the last look.
 func (h *journalHistory) observe(a *App, now time.Time) {
-	cur := a.journals()
+	// The list is read under the lock: two observers (the sampler and a
+	// page) comparing lists read out of order would report a journal that
+	// started between their reads as finished.
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	cur := a.journals()
 	if h.live == nil {
 		h.live = map[string]seenJournal{}
 	}

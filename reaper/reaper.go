@@ -719,7 +719,7 @@ func (s *Service) pass(ctx context.Context) RunResult {
 		} else if done != nil {
 			res.Held++
 		} else {
-			errs = append(errs, errors.New("reaper stopping"))
+			errs = append(errs, fmt.Errorf("reaper stopping: %w", context.Canceled))
 			break
 		}
 	}
