@@ -168,14 +168,30 @@ func provisionNoDedup(ctx context.Context, js jetstream.JetStream, c Config) err
 		return nil
 	}
 	if err := s.Purge(ctx); err != nil {
-		return fmt.Errorf("provision stream %s: purge before sealing: %w", c.NoDedupStream, err)
+		return sealedMeanwhile(ctx, s, fmt.Errorf("provision stream %s: purge before sealing: %w", c.NoDedupStream, err))
 	}
 	sealed := info.Config
 	sealed.Sealed = true
 	if _, err := js.UpdateStream(ctx, sealed); err != nil {
-		return fmt.Errorf("provision stream %s: seal: %w", c.NoDedupStream, err)
+		return sealedMeanwhile(ctx, s, fmt.Errorf("provision stream %s: seal: %w", c.NoDedupStream, err))
 	}
 	return nil
+}
+
+// sealedMeanwhile is nil if the stream is sealed now, else err. Replicas
+// (or processes) provisioning at once on a fresh install race: one seals
+// the stream while another, whose cached info shows it unsealed, purges or
+// seals it, which the server refuses (a sealed stream denies purges, and
+// an update may not clear its deny flags). That replica's work is done.
+func sealedMeanwhile(ctx context.Context, s jetstream.Stream, err error) error {
+	info, ierr := s.Info(ctx)
+	if ierr != nil {
+		return errors.Join(err, fmt.Errorf("re-read stream info: %w", ierr))
+	}
+	if info.Config.Sealed {
+		return nil
+	}
+	return err
 }
 
 // jsErrCodeConsumerWQNotUnique is the server's JSConsumerWQConsumerNotUniqueErr
