@@ -105,8 +105,9 @@ func resultMsg(cfg Config, res Result) *nats.Msg {
 // and is stored once; a different answer under the same request id (an
 // invalid request fixed and sent again) is stored too (issue 20: the
 // results stream dropped the fixed request's ok as a duplicate of the
-// invalid answer). A failed answer (crash_loop, retries_exhausted) names
-// its message instead: see Worker.deadLetter.
+// invalid answer). A failed answer (crash_loop, retries_exhausted) never
+// gets this id: its error counts deliveries, so Worker.deadLetter names
+// it by its message (res.<tenant>.<request_id>.dlq-<stream>-<seq>).
 func ResultMsgID(res Result) string {
 	key := struct {
 		Status, Op, ID, TxTime, RequestIDFrom, Error string
@@ -114,7 +115,7 @@ func ResultMsgID(res Result) string {
 		Journaled                                    bool
 		Erased                                       *uint64
 	}{res.Status, res.Op, res.ID, res.TxTime, res.RequestIDFrom, "", res.EdgesTombstoned, res.Journaled, res.VersionsErased}
-	if res.Status == StatusInvalid || res.Status == StatusConflict || res.Status == StatusFailed {
+	if res.Status == StatusInvalid || res.Status == StatusConflict {
 		key.Error = res.Error // no receipt: the error is the answer
 	}
 	b, _ := json.Marshal(key)
