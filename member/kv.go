@@ -1,0 +1,240 @@
+package member
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MembersBucket is the KV bucket of member records.
+const MembersBucket = "TELHA_MEMBERS"
+
+// OwnersBucket names the assignment bucket of a layout of n slots: a
+// change of n starts another (the slots of another n are other slots).
+func OwnersBucket(n int) string { return fmt.Sprintf("TELHA_OWNERS_%d", n) }
+
+// ErrConflict: a compare-and-set lost (another member wrote first).
+var ErrConflict = errors.New("member: assignment changed meanwhile")
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,127}$`)
+
+// ValidID reports whether id can name a member (a KV key: letters,
+// digits, '-', '_', '=', '.', at most 128, not starting with '.').
+func ValidID(id string) error {
+	if !idRE.MatchString(id) || strings.HasSuffix(id, ".") || strings.Contains(id, "..") {
+		return fmt.Errorf("member id %q: want 1-128 of [A-Za-z0-9_=.-], not starting or ending with '.'", id)
+	}
+	return nil
+}
+
+// Config opens a Registry.
+type Config struct {
+	Slots    int
+	Replicas int
+	// TTL: a member that has not renewed its record for this long is gone.
+	TTL time.Duration
+}
+
+// Registry is the membership and assignment buckets.
+type Registry struct {
+	cfg     Config
+	members jetstream.KeyValue
+	owners  jetstream.KeyValue
+	now     func() time.Time
+}
+
+// Open creates (or binds) both buckets.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Registry, error) {
+	if cfg.Slots < 1 || cfg.TTL <= 0 {
+		return nil, fmt.Errorf("member: slots %d, ttl %s", cfg.Slots, cfg.TTL)
+	}
+	replicas := max(cfg.Replicas, 1)
+	members, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: MembersBucket, Description: "telha-cascade: worker processes, each renewing its record; an expired record is a member gone",
+		TTL: cfg.TTL, History: 1, Replicas: replicas, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("member: bucket %s: %w", MembersBucket, err)
+	}
+	owners, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: OwnersBucket(cfg.Slots), Description: fmt.Sprintf("telha-cascade: the owner, epoch and standbys of each of %d slots (compare-and-set only)", cfg.Slots),
+		History: 8, Replicas: replicas, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("member: bucket %s: %w", OwnersBucket(cfg.Slots), err)
+	}
+	return &Registry{cfg: cfg, members: members, owners: owners, now: time.Now}, nil
+}
+
+// Renew writes m's record (and so restarts its TTL).
+func (r *Registry) Renew(ctx context.Context, m Member) error {
+	m.Renewed = r.now().UTC()
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("member: encode %s: %w", m.ID, err)
+	}
+	if _, err := r.members.Put(ctx, m.ID, b); err != nil {
+		return fmt.Errorf("member: renew %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// Leave deletes id's record: its slots move at once, not after the TTL.
+func (r *Registry) Leave(ctx context.Context, id string) error {
+	if err := r.members.Delete(ctx, id); err != nil {
+		return fmt.Errorf("member: leave %s: %w", id, err)
+	}
+	return nil
+}
+
+// Members returns the live members, sorted by id: a record exists and was
+// written (by the server's clock) within the TTL.
+func (r *Registry) Members(ctx context.Context) ([]Member, error) {
+	lister, err := r.members.ListKeys(ctx)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("member: list: %w", err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	var out []Member
+	for _, k := range keys {
+		e, err := r.members.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("member: get %s: %w", k, err)
+		}
+		if r.now().Sub(e.Created()) > r.cfg.TTL {
+			continue // expired, not yet removed by the server
+		}
+		var m Member
+		if err := json.Unmarshal(e.Value(), &m); err != nil || m.ID != k {
+			continue // not ours: ignored, never trusted
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func slotKey(s int) string { return "slot-" + strconv.Itoa(s) }
+
+// Assignments returns every slot's assignment (a zero Owner where none is
+// written yet) and the revision to compare-and-set against (0: none).
+func (r *Registry) Assignments(ctx context.Context) ([]Assignment, []uint64, error) {
+	out := make([]Assignment, r.cfg.Slots)
+	revs := make([]uint64, r.cfg.Slots)
+	for s := range out {
+		out[s].Slot = s
+		e, err := r.owners.Get(ctx, slotKey(s))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("member: owner of slot %d: %w", s, err)
+		}
+		var a Assignment
+		if err := json.Unmarshal(e.Value(), &a); err != nil || a.Slot != s {
+			return nil, nil, fmt.Errorf("member: owner of slot %d: undecodable entry (revision %d)", s, e.Revision())
+		}
+		out[s], revs[s] = a, e.Revision()
+	}
+	return out, revs, nil
+}
+
+// Write stores a with compare-and-set on rev (0: the key must not exist).
+// A lost race returns ErrConflict.
+func (r *Registry) Write(ctx context.Context, a Assignment, rev uint64) error {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return fmt.Errorf("member: encode slot %d: %w", a.Slot, err)
+	}
+	if rev == 0 {
+		_, err = r.owners.Create(ctx, slotKey(a.Slot), b)
+	} else {
+		_, err = r.owners.Update(ctx, slotKey(a.Slot), b, rev)
+	}
+	var apiErr *jetstream.APIError
+	if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)) {
+		return fmt.Errorf("%w: slot %d: %v", ErrConflict, a.Slot, err)
+	}
+	if err != nil {
+		return fmt.Errorf("member: write slot %d: %w", a.Slot, err)
+	}
+	return nil
+}
+
+// Watch signals (without blocking) on every change of an assignment, until
+// ctx ends.
+func (r *Registry) Watch(ctx context.Context) (<-chan struct{}, error) {
+	w, err := r.owners.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		return nil, fmt.Errorf("member: watch: %w", err)
+	}
+	ch := make(chan struct{}, 1)
+	go func() {
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return ch, nil
+}
+
+// Step is one round of the leader's work: if leader is the lowest live
+// member id, compute the plan and write every changed slot (compare-and-
+// set). It returns the assignment as it now stands (the plan where it was
+// written), the live members, and whether this member led.
+func (r *Registry) Step(ctx context.Context, self string, pc PlanConfig) ([]Assignment, []Member, bool, error) {
+	members, err := r.Members(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	cur, revs, err := r.Assignments(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if len(members) == 0 || members[0].ID != self {
+		return cur, members, false, nil
+	}
+	next := Plan(pc, members, cur)
+	for s := range next {
+		if next[s].Equal(cur[s]) {
+			continue
+		}
+		next[s].Changed = r.now().UTC()
+		if err := r.Write(ctx, next[s], revs[s]); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue // re-read next round
+			}
+			return cur, members, true, err
+		}
+		cur[s] = next[s]
+	}
+	return cur, members, true, nil
+}
