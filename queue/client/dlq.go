@@ -122,25 +122,7 @@ func ListDeadLetterPage(ctx context.Context, s jetstream.Stream, prefix string, 
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	all := f.Tenants == nil || containsTenant(f.Tenants, "*")
-	var subjects []string
-	switch {
-	case f.Tenant != "":
-		if !SafeToken(f.Tenant) || (!all && !containsTenant(f.Tenants, f.Tenant)) {
-			return page, nil
-		}
-		subjects = []string{prefix + ".dlq." + f.Tenant}
-	case all:
-		subjects = []string{prefix + ".dlq.*"}
-	default:
-		seen := map[string]bool{}
-		for _, t := range f.Tenants {
-			if SafeToken(t) && !seen[t] {
-				seen[t] = true
-				subjects = append(subjects, prefix+".dlq."+t)
-			}
-		}
-	}
+	subjects := tenantSubjects(prefix+".dlq.", f.Tenant, f.Tenants)
 	if len(subjects) == 0 {
 		return page, nil
 	}
@@ -159,56 +141,101 @@ func ListDeadLetterPage(ctx context.Context, s jetstream.Stream, prefix string, 
 			page.Total += si.State.Subjects[subj]
 		}
 	}
+	page.Next, page.Read, err = newestPage(ctx, s, subjects, info, f.Before, f.Limit, f.Reason != "", func(m *jetstream.RawStreamMsg) bool {
+		d := DeadLetterOf(m, prefix, f.Full)
+		if f.Reason != "" && d.Reason != f.Reason {
+			return false
+		}
+		page.Letters = append(page.Letters, d)
+		return true
+	})
+	return page, err
+}
+
+// tenantSubjects returns the subjects (base is <prefix>.<kind>.) of the
+// tenants a filter selects: tenant alone when set (none if it is not a
+// safe token or not among tenants), every tenant when tenants is nil or
+// holds "*", else each safe token of tenants once. Empty: nothing to read.
+func tenantSubjects(base, tenant string, tenants []string) []string {
+	all := tenants == nil || containsTenant(tenants, "*")
+	switch {
+	case tenant != "":
+		if !SafeToken(tenant) || (!all && !containsTenant(tenants, tenant)) {
+			return nil
+		}
+		return []string{base + tenant}
+	case all:
+		return []string{base + "*"}
+	}
+	var subjects []string
+	seen := map[string]bool{}
+	for _, t := range tenants {
+		if SafeToken(t) && !seen[t] {
+			seen[t] = true
+			subjects = append(subjects, base+t)
+		}
+	}
+	return subjects
+}
+
+// newestPage reads a page of the messages of stream s (info: its state)
+// on subjects, newest first, below before when it is not 0, and passes
+// each to take, which reports whether the page keeps it; the page is full
+// once take has kept limit. filtered: take may drop messages for what the
+// server cannot select on (a header, the body), so the page reads at most
+// scanPerPage*limit messages, then ends with a Next to go on from. It
+// returns the page's Next (0 when there is no older page) and how many
+// messages it fetched (also on an error, with the messages taken so far).
+func newestPage(ctx context.Context, s jetstream.Stream, subjects []string, info *jetstream.StreamInfo, before uint64, limit int,
+	filtered bool, take func(*jetstream.RawStreamMsg) bool) (next uint64, read int, err error) {
 	first, hi := info.State.FirstSeq, info.State.LastSeq+1
-	if f.Before != 0 && f.Before < hi {
-		hi = f.Before
+	if before != 0 && before < hi {
+		hi = before
 	}
 	if first == 0 {
 		first = 1
 	}
-	scanned := 0
-	for len(page.Letters) < f.Limit && hi > first {
-		if f.Reason != "" && scanned >= scanPerPage*f.Limit {
-			page.Next = hi // the scan's bound: go on from here
-			return page, nil
+	kept, scanned := 0, 0
+	for kept < limit && hi > first {
+		if filtered && scanned >= scanPerPage*limit {
+			return hi, read, nil // the scan's bound: go on from here
 		}
-		// The newest f.Limit of every subject below hi, merged.
+		// The newest limit of every subject below hi, merged.
 		var cands []*jetstream.RawStreamMsg
 		for _, subj := range subjects {
-			ms, read, err := newestBelow(ctx, s, subj, first, hi, f.Limit)
-			page.Read += read
+			ms, n, err := newestBelow(ctx, s, subj, first, hi, limit)
+			read += n
 			if err != nil {
-				return page, err
+				return 0, read, err
 			}
 			cands = append(cands, ms...)
 		}
 		sort.Slice(cands, func(i, j int) bool { return cands[i].Sequence > cands[j].Sequence })
-		if len(cands) > f.Limit {
-			cands = cands[:f.Limit]
+		if len(cands) > limit {
+			cands = cands[:limit]
 		}
 		if len(cands) == 0 {
-			return page, nil
+			return 0, read, nil
 		}
 		scanned += len(cands)
 		for _, m := range cands {
 			hi = m.Sequence
-			d := DeadLetterOf(m, prefix, f.Full)
-			if f.Reason != "" && d.Reason != f.Reason {
+			if !take(m) {
 				continue
 			}
-			page.Letters = append(page.Letters, d)
-			if len(page.Letters) == f.Limit {
+			kept++
+			if kept == limit {
 				break
 			}
 		}
-		if len(cands) < f.Limit {
-			return page, nil // every subject is read to its start
+		if len(cands) < limit {
+			return 0, read, nil // every subject is read to its start
 		}
 	}
 	if hi > first {
-		page.Next = hi
+		return hi, read, nil
 	}
-	return page, nil
+	return 0, read, nil
 }
 
 // newestBelow returns the newest n messages on subject subj (a filter)

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"sort"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,25 +60,7 @@ func (r ResultStream) List(ctx context.Context, f ResultFilter) (ResultPage, err
 	if f.Limit <= 0 {
 		f.Limit = 50
 	}
-	all := f.Tenants == nil || containsTenant(f.Tenants, "*")
-	var subjects []string
-	switch {
-	case f.Tenant != "":
-		if !SafeToken(f.Tenant) || (!all && !containsTenant(f.Tenants, f.Tenant)) {
-			return page, nil
-		}
-		subjects = []string{r.Prefix + ".res." + f.Tenant}
-	case all:
-		subjects = []string{r.Prefix + ".res.*"}
-	default:
-		seen := map[string]bool{}
-		for _, t := range f.Tenants {
-			if SafeToken(t) && !seen[t] {
-				seen[t] = true
-				subjects = append(subjects, r.Prefix+".res."+t)
-			}
-		}
-	}
+	subjects := tenantSubjects(r.Prefix+".res.", f.Tenant, f.Tenants)
 	if len(subjects) == 0 {
 		return page, nil
 	}
@@ -87,56 +68,16 @@ func (r ResultStream) List(ctx context.Context, f ResultFilter) (ResultPage, err
 	if err != nil {
 		return page, err
 	}
-	first, hi := info.State.FirstSeq, info.State.LastSeq+1
-	if f.Before != 0 && f.Before < hi {
-		hi = f.Before
-	}
-	if first == 0 {
-		first = 1
-	}
-	scanned := 0
-	for len(page.Results) < f.Limit && hi > first {
-		if f.Status != "" && scanned >= scanPerPage*f.Limit {
-			page.Next = hi
-			return page, nil
+	page.Next, page.Read, err = newestPage(ctx, s, subjects, info, f.Before, f.Limit, f.Status != "", func(m *jetstream.RawStreamMsg) bool {
+		sr := StoredResult{Seq: m.Sequence, Time: m.Time}
+		if json.Unmarshal(m.Data, &sr.Result) != nil {
+			sr.Result, sr.Unreadable = Result{}, true
 		}
-		var cands []*jetstream.RawStreamMsg
-		for _, subj := range subjects {
-			ms, read, err := newestBelow(ctx, s, subj, first, hi, f.Limit)
-			page.Read += read
-			if err != nil {
-				return page, err
-			}
-			cands = append(cands, ms...)
+		if f.Status != "" && sr.Status != f.Status {
+			return false
 		}
-		sort.Slice(cands, func(i, j int) bool { return cands[i].Sequence > cands[j].Sequence })
-		if len(cands) > f.Limit {
-			cands = cands[:f.Limit]
-		}
-		if len(cands) == 0 {
-			return page, nil
-		}
-		scanned += len(cands)
-		for _, m := range cands {
-			hi = m.Sequence
-			sr := StoredResult{Seq: m.Sequence, Time: m.Time}
-			if json.Unmarshal(m.Data, &sr.Result) != nil {
-				sr.Result, sr.Unreadable = Result{}, true
-			}
-			if f.Status != "" && sr.Status != f.Status {
-				continue
-			}
-			page.Results = append(page.Results, sr)
-			if len(page.Results) == f.Limit {
-				break
-			}
-		}
-		if len(cands) < f.Limit {
-			return page, nil
-		}
-	}
-	if hi > first {
-		page.Next = hi
-	}
-	return page, nil
+		page.Results = append(page.Results, sr)
+		return true
+	})
+	return page, err
 }
