@@ -24,20 +24,13 @@ var walkHook atomic.Pointer[func(other uuid.UUID)]
 // view; it still blocks the page, and the caller's next walk (whose view
 // has them) reads the neighbour's edges as they are. A journal registered
 // after that moment has a tx above the committed tx the read was answered
-// at, so it cannot write at or below t.
+// at, so it cannot write at or below t. The fences are the registry's
+// own (Journals.FencesUpTo), with the journals whose head has committed
+// but is not yet marked so: the committed tx passes a journal's tx before
+// the mark.
 func SafeEdgesPage(st *storage.Store, sc storage.Scope, node uuid.UUID, dir storage.Direction, v, t storage.Ts,
 	after *storage.EdgeCursor, limit, scanLimit int) (storage.EdgesPage, *storage.JournalEntry, error) {
-	var fenced map[uuid.UUID]*storage.JournalEntry
-	for _, e := range st.Journals().List() { // by tx: the oldest journal of a node first
-		if e.Scope == sc && e.J.Tx <= t {
-			if fenced == nil {
-				fenced = map[uuid.UUID]*storage.JournalEntry{}
-			}
-			if _, ok := fenced[e.J.NodeID]; !ok {
-				fenced[e.J.NodeID] = e
-			}
-		}
-	}
+	fenced := st.Journals().FencesUpTo(sc, t)
 	hook := walkHook.Load()
 	var blocked *storage.JournalEntry
 	page, err := storage.EdgesOfPage(st.Reader(), sc, node, dir, v, t, after, limit, scanLimit, func(other uuid.UUID) bool {

@@ -162,6 +162,35 @@ func (r *Journals) Fences(s Scope) map[uuid.UUID]*JournalEntry {
 	return out
 }
 
+// FencesUpTo returns the nodes of a tenant fenced by a journal with tx <=
+// t, each with its journal: a copy of the registry's own index (one
+// journal per node: a node is not journaled again while it is fenced),
+// taken under its lock, without the tenant's other journals or a sort.
+// An edge walk answered at t takes it before its view (api.SafeEdgesPage).
+//
+// It includes entries whose head is durable but which the writer has not
+// yet marked committed (List skips those): the writer advances Committed
+// past a journal's tx before it runs the after-commit action that marks
+// it, so a reader may already read at a t at or above that tx; left out,
+// a journal that lands and drops its fence during the walk would be
+// missed. An entry of a transaction still running has a tx above
+// Committed, so it is returned only for a t above Committed (and if that
+// transaction rolls back, its Removed channel is closed).
+func (r *Journals) FencesUpTo(s Scope, t Ts) map[uuid.UUID]*JournalEntry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out map[uuid.UUID]*JournalEntry
+	for ref, e := range r.byNode {
+		if ref.tenant == s.tenant && e.J.Tx <= t {
+			if out == nil {
+				out = map[uuid.UUID]*JournalEntry{}
+			}
+			out[ref.node] = e
+		}
+	}
+	return out
+}
+
 func (r *Journals) add(e *JournalEntry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
