@@ -178,6 +178,9 @@ func (a *App) Ready() (bool, []string) {
 // reaper, pausing journal appliers between chunks (journals stay durable);
 // close NATS; close Pebble. It returns nil after a clean shutdown.
 func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
+	if cfg.Member.Dynamic {
+		return runMember(ctx, cfg, log, opts)
+	}
 	a := &App{cfg: cfg, log: log}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {

@@ -195,9 +195,12 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 		return nil, fmt.Errorf("changelog: %w", err)
 	}
 	pc, cc := a.cfg.changelogConfig(), a.cfg.checkpointConfig()
-	delay := 500 * time.Millisecond
+	// Short attempts: a JetStream cluster answers concurrent creates of one
+	// stream (an owner and its standby starting at once) late or never
+	// (nats-server#3677); the stream exists, and the retry binds it.
+	delay := 200 * time.Millisecond
 	for {
-		octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		cl, err := partition.Open(octx, js, pc)
 		var obs jetstream.ObjectStore
 		if err == nil {
@@ -248,12 +251,52 @@ var errChangelogConflict = errors.New("changelog conflict")
 // supervisor's restart tries again.
 func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes) error {
 	start := time.Now()
+	db, err := c.catchUp(ctx, dir, sizes, false)
+	if err != nil {
+		return err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = db.Close()
+		}
+	}()
+	// The claim: a write-set of log data only (no key), appended now so
+	// that a previous writer still running (a zombie) is fenced at once
+	// rather than at our first request.
+	claim := db.NewBatch()
+	host, _ := os.Hostname()
+	_ = claim.LogData([]byte(fmt.Sprintf("telha claim host=%s pid=%d at=%s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))), nil)
+	ws := bytes.Clone(claim.Repr())
+	_ = claim.Close()
+	seq, err := c.cl.Append(ctx, ws)
+	if err != nil {
+		return fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
+	}
+	if err := partition.ApplyTo(db, seq, ws, true); err != nil {
+		return fmt.Errorf("changelog: claim: %w", err)
+	}
+	c.status.ClaimSeq = seq
+	c.status.StartTook = time.Since(start)
+	c.log.Info("changelog: caught up", "stream", c.status.Stream, "restored", c.status.Restored, "restored_seq", c.status.RestoredSeq,
+		"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "took", c.status.StartTook)
+	closed = true
+	return db.Close()
+}
+
+// errStandbySeed: a standby found a log to seed; only an owner seeds.
+var errStandbySeed = errors.New("changelog: a standby does not seed a changelog (its owner does)")
+
+// catchUp is prepare up to the claim: it returns the Pebble in dir, open,
+// at the changelog's end (a standby goes on with Tail from there). A
+// standby never seeds the log from its local data.
+func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool) (*pebble.DB, error) {
 	if !bytes.Equal(storage.AppliedSeqKey(), partition.AppliedKey()) {
-		return fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
+		return nil, fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
 	}
 	id, first, last, err := c.logIdentity(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.status.LogID = id
 	restored := false
@@ -270,20 +313,20 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 	for {
 		pe, err := storage.OpenPebble(dir, nil, nil, nil, nil, sizes)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		db = pe.DB
 		empty, err := isEmpty(db)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		applied, err := partition.AppliedSeq(db)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		lid, attached, err := partition.LogID(db)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		stale := attached && lid == id && first > 1 && applied+1 < first
 		if (empty || stale) && !restored {
@@ -293,17 +336,17 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 				c.status.Discarded = true
 			}
 			if err := closeDB(); err != nil {
-				return err
+				return nil, err
 			}
 			seq, err := c.restore(ctx, dir)
 			switch {
 			case errors.Is(err, partition.ErrNoCheckpoint) && empty:
 				// Nothing to restore: the whole log replays onto an empty store.
 			case errors.Is(err, partition.ErrNoCheckpoint):
-				return fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and %s holds no checkpoint to bridge the gap",
+				return nil, fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and %s holds no checkpoint to bridge the gap",
 					errChangelogConflict, dir, applied, c.status.Stream, first, c.status.Bucket)
 			case err != nil:
-				return err
+				return nil, err
 			default:
 				c.status.Restored, c.status.RestoredSeq = true, seq
 			}
@@ -313,11 +356,11 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 		switch {
 		case empty:
 			if first > 1 {
-				return fmt.Errorf("%w: the changelog %s starts at sequence %d (purged below) and %s holds no checkpoint: this replica's data cannot be rebuilt",
+				return nil, fmt.Errorf("%w: the changelog %s starts at sequence %d (purged below) and %s holds no checkpoint: this replica's data cannot be rebuilt",
 					errChangelogConflict, c.status.Stream, first, c.status.Bucket)
 			}
 			if err := partition.AttachLog(db, id, 0); err != nil {
-				return err
+				return nil, err
 			}
 		case !attached && last == 0, attached && lid != id && last == 0, attached && lid == id && last == 0 && applied == 0:
 			// An upgrade (data written with --changelog off), or a store whose
@@ -329,41 +372,44 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 			// are idempotent).
 			c.log.Info("changelog: seeding the changelog from the local store (checkpoint at sequence 0)",
 				"stream", c.status.Stream, "previous_log", lid)
+			if standby {
+				return nil, fmt.Errorf("%w: %s holds data and the changelog %s is empty", errStandbySeed, dir, c.status.Stream)
+			}
 			if err := partition.AttachLog(db, id, 0); err != nil {
-				return err
+				return nil, err
 			}
 			// Checkpoints of a previous log count in its sequences, not the
 			// new one's: one of them restored (it would be the newest) would
 			// skip the new log's first write-sets.
 			if err := c.dropCheckpoints(ctx); err != nil {
-				return err
+				return nil, err
 			}
 			info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
 			if err != nil {
-				return fmt.Errorf("changelog: seed checkpoint: %w", err)
+				return nil, fmt.Errorf("changelog: seed checkpoint: %w", err)
 			}
 			c.status.Seeded = true
 			c.log.Info("changelog: seeded", "checkpoint", info.Name, "bytes", info.Size)
 		case !attached:
-			return fmt.Errorf("%w: %s holds data that is in no changelog (written with --changelog off?) while the changelog %s already holds %d write-sets; "+
+			return nil, fmt.Errorf("%w: %s holds data that is in no changelog (written with --changelog off?) while the changelog %s already holds %d write-sets; "+
 				"to keep the local data, delete the stream %s (and the checkpoints partition-%d/ in %s) so it seeds a new one; to keep the changelog's, move %s aside",
 				errChangelogConflict, dir, c.status.Stream, last, c.status.Stream, c.part, c.status.Bucket, dir)
 		case lid != id:
-			return fmt.Errorf("%w: %s follows the changelog %s, but NATS holds %s with %d write-sets; "+
+			return nil, fmt.Errorf("%w: %s follows the changelog %s, but NATS holds %s with %d write-sets; "+
 				"to keep the local data, delete the stream %s so it seeds a new one; to keep the changelog's, move %s aside",
 				errChangelogConflict, dir, lid, id, last, c.status.Stream, dir)
 		case applied > last:
-			return fmt.Errorf("%w: %s has applied sequence %d but the changelog %s ends at %d: the changelog lost acknowledged write-sets "+
+			return nil, fmt.Errorf("%w: %s has applied sequence %d but the changelog %s ends at %d: the changelog lost acknowledged write-sets "+
 				"(a NATS server lost its unsynced tail?); this replica refuses to fork it. Move %s aside to serve the changelog's state, "+
 				"or delete the stream to re-seed it from this disk",
 				errChangelogConflict, dir, applied, c.status.Stream, last, dir)
 		case first > 1 && applied+1 < first:
-			return fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and the newest checkpoint does not bridge the gap",
+			return nil, fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and the newest checkpoint does not bridge the gap",
 				errChangelogConflict, dir, applied, c.status.Stream, first)
 		}
 		applied, err = partition.AppliedSeq(db)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c.status.ReplayFrom = applied + 1
 		err = c.cl.Replay(ctx, applied+1, func(seq uint64, ws []byte) error {
@@ -371,28 +417,11 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 			return partition.ApplyTo(db, seq, ws, false)
 		})
 		if err != nil {
-			return fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
+			return nil, fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
 		}
-		// The claim: a write-set of log data only (no key), appended now so
-		// that a previous writer still running (a zombie) is fenced at once
-		// rather than at our first request.
-		claim := db.NewBatch()
-		host, _ := os.Hostname()
-		_ = claim.LogData([]byte(fmt.Sprintf("telha claim host=%s pid=%d at=%s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))), nil)
-		ws := bytes.Clone(claim.Repr())
-		_ = claim.Close()
-		seq, err := c.cl.Append(ctx, ws)
-		if err != nil {
-			return fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
-		}
-		if err := partition.ApplyTo(db, seq, ws, true); err != nil {
-			return fmt.Errorf("changelog: claim: %w", err)
-		}
-		c.status.ClaimSeq = seq
-		c.status.StartTook = time.Since(start)
-		c.log.Info("changelog: caught up", "stream", c.status.Stream, "restored", c.status.Restored, "restored_seq", c.status.RestoredSeq,
-			"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "took", c.status.StartTook)
-		return closeDB()
+		out := db
+		db = nil // not closed by the defer: the caller's
+		return out, nil
 	}
 }
 

@@ -70,6 +70,8 @@ type Config struct {
 	ChangelogReplicas  int
 	CheckpointSchedule string
 	CheckpointsKeep    int
+	// Member: --partition-owner dynamic and its flags (member_config.go).
+	Member MemberConfig
 
 	// NATSURLFrom says where NATSURL came from ("--nats-url" or
 	// "TELHA_NATS_URL"), for the startup log.
@@ -188,7 +190,9 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS mutual TLS")
 	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS mutual TLS")
 	fs.IntVar(&c.Partitions, "partitions", 1, "partition count P of the request stream (fixed at install)")
-	fs.StringVar(&c.PartitionOwner, "partition-owner", "0/1", "i/N: own partitions p with p % N == i; auto/N reads i from the pod name")
+	fs.StringVar(&c.PartitionOwner, "partition-owner", "0/1", "i/N: own partitions p with p % N == i; auto/N reads i from the pod name; "+
+		"dynamic/N: N slots (slot i: the partitions p % N == i) move between the live members of the group (needs --nats-url and --changelog jetstream; see --member-id); dynamic: dynamic/<--partitions>")
+	registerMember(fs, c)
 	fs.IntVar(&c.MaxBatchOps, "max-batch-ops", cascade.DefaultMaxBatchOps, fmt.Sprintf("most puts in one durable batch: a request whose writes (receipt included) fit commits inline, "+
 		"a larger cascade is journaled; no group's batch holds more (floored at %d; the chunk size is --journal-chunk-ops)", cascade.MinMaxBatchOps))
 	fs.IntVar(&c.ChunkOps, "journal-chunk-ops", 0, fmt.Sprintf("puts per durable chunk of a journaled cascade (0: %d; never more than --max-batch-ops)", cascade.DefaultChunkOps))
@@ -255,6 +259,10 @@ func (c *Config) validate() []error {
 		bad("--partitions must be between 1 and 1024, got %d", c.Partitions)
 	}
 	owner, err := queue.ParseOwner(c.PartitionOwner, c.Hostname)
+	if dyn, isDyn := c.parseDynamic(); isDyn {
+		owner, err = dyn, nil
+		errs = append(errs, c.validateDynamic()...)
+	}
 	if err != nil {
 		bad("--partition-owner: %v", err)
 	} else if owner.Count > c.Partitions {

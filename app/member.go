@@ -1,0 +1,954 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/member"
+	"github.com/telha/telha-cascade/metrics"
+	"github.com/telha/telha-cascade/partition"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// --partition-owner dynamic (issue 21, item 3): a member of a group.
+//
+// The unit that moves is a slot: slot i of N holds the partitions p with
+// p % N == i, exactly what replica i/N owns in the static layout, with the
+// same changelog stream (TELHA_LOG_STATIC<N>_<i>), checkpoints
+// (TELHA_CKPT_STATIC<N>) and request consumer, so a static install of N
+// replicas upgrades to dynamic/N without moving a byte. A member runs, for
+// each slot the assignment (package member) gives it:
+//
+//	owner     a slot core: what one static replica runs (Run with
+//	          --partition-owner i/N, its own Pebble in <data-dir>/slots/<i>,
+//	          restore and replay on start, the claim that fences the
+//	          previous writer, its consumer, reaper and checkpoints), its
+//	          HTTP on a loopback port that only this process calls
+//	standby   a warm copy: the same Pebble directory, caught up from the
+//	          newest checkpoint and the changelog, then tailing it; promoted
+//	          by stopping the tail and starting the core on the same
+//	          directory (the replay left is what arrived meanwhile)
+//
+// and serves the member's HTTP (--http-addr): a read for tenant t goes to
+// the local core of t's slot, or is forwarded to its owner's member
+// (--advertise-url), waiting up to --forward-wait while the slot moves.
+//
+// Handoff: a new owner starts its core only once the previous owner has
+// released the slot (its record no longer says owner) or is gone, or the
+// handoff bound ran out; the claim fences whatever is left of the previous
+// writer either way. SIGTERM marks the member leaving: the leader moves its
+// slots warm-first to the others, then the member stops its cores and
+// deletes its record. A store's fatal error (its append was fenced: this
+// member was a zombie) ends the process, as in the static layout (exit 3):
+// its slots are someone else's already, and a restart rejoins clean.
+
+const (
+	roleOwner   = member.RoleOwner
+	roleStandby = member.RoleStandby
+	// hdrForwarded marks a read one member forwarded to another: the
+	// receiver answers it locally or waits, never forwards again.
+	hdrForwarded = "Telha-Forwarded-By"
+	// eraseMarker is the log data of the write-set an erase commits before
+	// it scrubs the copies (storage/durable.go); a standby that applies it
+	// compacts its copy, so the erased bytes leave its files too.
+	eraseMarker = "telha erase: scrub of the copies"
+)
+
+// memberRun is one running member.
+type memberRun struct {
+	cfg  Config
+	log  *slog.Logger
+	opts Options
+	id   string
+	n    int // slots
+	pc   member.PlanConfig
+
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	reg    *member.Registry
+	auth   *api.Auth
+	proms  *prometheus.Registry
+	client *http.Client
+
+	mu      sync.Mutex
+	slots   map[int]*slotRun
+	assign  []member.Assignment
+	members []member.Member
+	started time.Time
+	leaving atomic.Bool
+	moves   atomic.Uint64
+	fenced  atomic.Uint64
+	fatal   chan error
+}
+
+// slotRun is a slot running on this member, as owner or standby.
+type slotRun struct {
+	slot  int
+	role  string
+	epoch uint64
+	stop  context.CancelFunc
+	done  chan struct{}
+	err   error
+
+	app      atomic.Pointer[App] // owner: its core, once ready
+	applied  atomic.Uint64       // standby: applied sequence
+	ready    atomic.Bool         // standby: tailing
+	stopping atomic.Bool
+	started  time.Time
+}
+
+func (r *slotRun) exited() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// runMember is Run for --partition-owner dynamic.
+func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
+	m := &memberRun{
+		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
+		pc:     member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
+		slots:  map[int]*slotRun{},
+		fatal:  make(chan error, 1),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
+	}
+	return m.run(ctx)
+}
+
+func (m *memberRun) run(ctx context.Context) (err error) {
+	m.started = time.Now()
+	auth, err := api.NewAuth(api.AuthConfig{Mode: m.cfg.AuthMode(), TokensFile: m.cfg.AuthTokensFile, Logger: m.log})
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	m.auth = auth
+	m.proms = metrics.NewMemberRegistry(Build, metrics.MemberState{
+		Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
+		Moves: m.moves.Load, Fenced: m.fenced.Load,
+	})
+	ln, err := net.Listen("tcp", m.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on --http-addr %s: %w", m.cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+
+	conn := &App{cfg: m.cfg, log: m.log}
+	if err := conn.connect(ctx); err != nil {
+		return err
+	}
+	m.nc = conn.nc
+	defer func() {
+		_ = conn.nc.Drain()
+		select {
+		case <-conn.ncClosed:
+		case <-time.After(5 * time.Second):
+		}
+		conn.nc.Close()
+	}()
+	js, err := jetstream.New(conn.nc)
+	if err != nil {
+		return fmt.Errorf("member: %w", err)
+	}
+	m.js = js
+	// Short attempts: JetStream clusters answer concurrent creates of one
+	// stream (every member starting at once) late or never
+	// (nats-server#3677); the stream exists, and the retry binds it.
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		octx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		m.reg, err = member.Open(octx, js, member.Config{Slots: m.n, Replicas: m.cfg.changelogReplicas(), TTL: m.cfg.Member.TTL})
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		m.log.Warn("member: opening the membership buckets failed; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+	m.log.Info("member: joining", "slots", m.n, "partitions", m.cfg.Partitions, "standbys", m.cfg.Member.Standbys, "ttl", m.cfg.Member.TTL,
+		"advertise_url", m.cfg.Member.AdvertiseURL, "http", ln.Addr().String())
+
+	// The loop's NATS calls use work, which outlives SIGTERM: the handoff
+	// after it still talks to the group.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	changed, err := m.reg.Watch(work)
+	if err != nil {
+		return err
+	}
+	defer m.stopAll()
+	tick := time.NewTicker(m.stepEvery())
+	defer tick.Stop()
+	var handoff <-chan time.Time
+	stopping := ctx.Done()
+	for {
+		if err := m.step(work); err != nil {
+			m.log.Warn("member: a round failed; the next one retries", "err", err)
+		}
+		if m.leaving.Load() && m.ownsNothing() {
+			m.log.Info("member: every slot handed off; leaving")
+			return m.leave(work)
+		}
+		select {
+		case err := <-m.fatal:
+			return err
+		case <-stopping:
+			m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace)
+			m.leaving.Store(true)
+			stopping = nil
+			handoff = time.After(m.cfg.ShutdownGrace)
+		case <-handoff:
+			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
+			return m.leave(work)
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *memberRun) stepEvery() time.Duration {
+	return min(max(m.cfg.Member.TTL/4, 100*time.Millisecond), time.Second)
+}
+
+// leave stops every slot and deletes the member's record.
+func (m *memberRun) leave(ctx context.Context) error {
+	m.stopAll()
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.reg.Leave(lctx, m.id); err != nil {
+		m.log.Warn("member: deleting the record failed; it expires after the TTL", "err", err)
+	}
+	return nil
+}
+
+// ownsNothing: no slot is owned here, in the assignment or still running.
+func (m *memberRun) ownsNothing() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	others := 0
+	for _, mm := range m.members {
+		if mm.ID != m.id && !mm.Leaving {
+			others++
+		}
+	}
+	if others == 0 {
+		return true // nobody to hand to: stop (the slots wait for a member)
+	}
+	for _, a := range m.assign {
+		if a.Owner == m.id {
+			return false
+		}
+	}
+	for _, r := range m.slots {
+		if r.role == roleOwner {
+			return false
+		}
+	}
+	return true
+}
+
+// step renews the record, leads if lowest, and reconciles the slots.
+func (m *memberRun) step(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, max(m.cfg.Member.TTL/2, time.Second))
+	defer cancel()
+	if err := m.reg.Renew(sctx, m.record()); err != nil {
+		return err
+	}
+	cur, members, _, err := m.reg.Step(sctx, m.id, m.pc)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	for s, a := range cur {
+		if s < len(m.assign) && m.assign[s].Epoch != a.Epoch && m.assign[s].Owner != "" {
+			m.moves.Add(1)
+		}
+	}
+	m.assign, m.members = cur, members
+	m.mu.Unlock()
+	m.reconcile(cur, members)
+	return nil
+}
+
+// record is this member's record: its slots and their positions.
+func (m *memberRun) record() member.Member {
+	rec := member.Member{ID: m.id, URL: m.cfg.Member.AdvertiseURL, Leaving: m.leaving.Load(), Started: m.started.UTC(), Slots: map[int]member.SlotState{}}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for s, r := range m.slots {
+		st := member.SlotState{Role: r.role, Epoch: r.epoch}
+		switch r.role {
+		case roleOwner:
+			if a := r.app.Load(); a != nil {
+				st.Applied, st.Ready = a.changelogLast(), !r.stopping.Load()
+			}
+		case roleStandby:
+			st.Applied, st.Ready = r.applied.Load(), r.ready.Load()
+		}
+		rec.Slots[s] = st
+	}
+	return rec
+}
+
+// changelogLast is the last changelog sequence this core appended or
+// replayed.
+func (a *App) changelogLast() uint64 {
+	if a.changelog == nil {
+		return 0
+	}
+	return a.changelog.cl.Last()
+}
+
+// released: the previous owner of a no longer runs it (its record says
+// so, or it is gone), or the handoff bound ran out.
+func (m *memberRun) released(a member.Assignment, members []member.Member) bool {
+	if a.Prev == "" || a.Prev == m.id {
+		return true
+	}
+	if time.Since(a.Changed) > m.cfg.ShutdownGrace+m.cfg.Member.TTL {
+		return true
+	}
+	for _, mm := range members {
+		if mm.ID == a.Prev {
+			st, ok := mm.Slots[a.Slot]
+			return !ok || st.Role != roleOwner
+		}
+	}
+	return true // gone
+}
+
+// reconcile starts and stops slot runs to match the assignment.
+func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for s, a := range cur {
+		want := ""
+		switch {
+		case a.Owner == m.id:
+			want = roleOwner
+		case slices.Contains(a.Standbys, m.id):
+			want = roleStandby
+		}
+		r := m.slots[s]
+		if r != nil && r.exited() && !r.stopping.Load() {
+			// It ended on its own (an error it did not survive): start again.
+			m.log.Warn("member: a slot run ended; restarting it", "slot", s, "role", r.role, "err", r.err)
+			delete(m.slots, s)
+			r = nil
+		}
+		if r != nil && r.stopping.Load() {
+			if !r.exited() {
+				continue // wait for it
+			}
+			delete(m.slots, s)
+			r = nil
+			if want == "" {
+				m.dropCopy(s)
+			}
+		}
+		switch want {
+		case roleOwner:
+			if r != nil && r.role == roleOwner {
+				r.epoch = a.Epoch
+				continue
+			}
+			if !m.released(a, members) {
+				if r == nil {
+					m.slots[s] = m.startStandby(s) // keep warming meanwhile
+				}
+				continue
+			}
+			if r != nil { // a standby: promote (stop the tail, then the core)
+				m.stopRun(r, false)
+				delete(m.slots, s)
+			}
+			m.slots[s] = m.startOwner(s, a.Epoch)
+		case roleStandby:
+			if r != nil && r.role == roleStandby {
+				continue
+			}
+			if r != nil {
+				m.stopRun(r, true) // an owner: drain, in the background
+				continue
+			}
+			m.slots[s] = m.startStandby(s)
+		default:
+			if r != nil {
+				m.stopRun(r, r.role == roleOwner)
+				if r.role == roleStandby {
+					delete(m.slots, s)
+					m.dropCopy(s)
+				}
+			}
+		}
+	}
+}
+
+// stopRun stops r: a standby at once; an owner's core drains (up to
+// --shutdown-grace), in the background when async.
+func (m *memberRun) stopRun(r *slotRun, async bool) {
+	r.stopping.Store(true)
+	r.stop()
+	if async {
+		m.log.Info("member: handing a slot off: draining its core", "slot", r.slot)
+		return
+	}
+	<-r.done
+}
+
+// dropCopy deletes the local copy of a slot this member no longer holds:
+// no copy of a tenant's data lingers where nothing tails the changelog
+// (an erase reaches only the copies that follow it).
+func (m *memberRun) dropCopy(s int) {
+	if err := os.RemoveAll(m.slotDir(s)); err != nil {
+		m.log.Warn("member: removing the copy of a slot no longer held", "slot", s, "err", err)
+	}
+}
+
+func (m *memberRun) stopAll() {
+	m.mu.Lock()
+	runs := make([]*slotRun, 0, len(m.slots))
+	for _, r := range m.slots {
+		runs = append(runs, r)
+	}
+	m.mu.Unlock()
+	for _, r := range runs {
+		r.stopping.Store(true)
+		r.stop()
+	}
+	for _, r := range runs {
+		<-r.done
+	}
+}
+
+func (m *memberRun) slotDir(s int) string {
+	return filepath.Join(m.cfg.DataDir, "slots", strconv.Itoa(s))
+}
+
+// coreConfig is the configuration of slot s's core: the static replica
+// s/N, on a loopback HTTP port, with its share of the caches.
+func (m *memberRun) coreConfig(s int) Config {
+	c := m.cfg
+	c.Member = MemberConfig{}
+	c.Owner = queue.Owner{Index: s, Count: m.n}
+	c.PartitionOwner = c.Owner.String()
+	c.DataDir = m.slotDir(s)
+	c.HTTPAddr, c.APIAddr = "127.0.0.1:0", ""
+	c.OTLPEndpoint = ""
+	c.CacheMB = max(8, m.cfg.CacheMB/m.n)
+	c.MemTableMB = max(4, m.cfg.MemTableMB/m.n)
+	return c
+}
+
+// startOwner starts slot s's core.
+func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &slotRun{slot: s, role: roleOwner, epoch: epoch, stop: cancel, done: make(chan struct{}), started: time.Now()}
+	o := m.opts
+	o.OnReady = func(a *App) {
+		r.app.Store(a)
+		st := a.ChangelogStatus()
+		if st.ClaimSeq > 1 && !st.Seeded {
+			m.fenced.Add(1)
+		}
+		m.log.Info("member: serving a slot", "slot", s, "epoch", epoch, "start_took", st.StartTook, "restored", st.Restored, "replayed", st.Replayed)
+		if m.opts.OnReady != nil {
+			m.opts.OnReady(a)
+		}
+	}
+	if err := os.MkdirAll(m.slotDir(s), 0o755); err != nil {
+		m.log.Warn("member: slot directory", "slot", s, "err", err)
+	}
+	m.log.Info("member: taking a slot", "slot", s, "epoch", epoch)
+	go func() {
+		defer close(r.done)
+		r.err = Run(ctx, m.coreConfig(s), m.log.With("slot", s), o)
+		r.app.Store(nil)
+		if r.err != nil && (errors.Is(r.err, storage.ErrFatal) || errors.Is(r.err, ErrUsage)) {
+			select {
+			case m.fatal <- fmt.Errorf("slot %d: %w", s, r.err):
+			default:
+			}
+		}
+	}()
+	return r
+}
+
+// startStandby starts a warm copy of slot s.
+func (m *memberRun) startStandby(s int) *slotRun {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &slotRun{slot: s, role: roleStandby, stop: cancel, done: make(chan struct{}), started: time.Now()}
+	log := m.log.With("slot", s, "role", roleStandby)
+	go func() {
+		defer close(r.done)
+		for delay := time.Second; ; delay = min(2*delay, 15*time.Second) {
+			err := m.tail(ctx, s, r, log)
+			r.ready.Store(false)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("member: the standby's tail stopped; catching up again", "err", err, "in", delay)
+			if errors.Is(err, errStandbySeed) {
+				m.dropCopy(s) // data no log knows: the owner's log is the truth
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+		}
+	}()
+	return r
+}
+
+// tail catches slot s's copy up (a checkpoint when it is empty or stale,
+// then the changelog) and follows the changelog until ctx ends.
+func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logger) error {
+	c := m.coreConfig(s)
+	a := &App{cfg: c, log: log, nc: m.nc}
+	cl, err := a.openChangelog(ctx)
+	if err != nil || cl == nil {
+		return errors.Join(err, ctx.Err())
+	}
+	t0 := time.Now()
+	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
+	db, err := cl.catchUp(ctx, m.slotDir(s), sizes, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	applied, err := partition.AppliedSeq(db)
+	if err != nil {
+		return err
+	}
+	r.applied.Store(applied)
+	r.ready.Store(true)
+	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.status.Restored, "replayed", cl.status.Replayed, "took", time.Since(t0))
+	return cl.cl.Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
+		if err := applyStandby(ctx, db, seq, ws); err != nil {
+			return err
+		}
+		r.applied.Store(seq)
+		return nil
+	})
+}
+
+// handler is the member's HTTP.
+func (m *memberRun) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", m.readyz)
+	mux.HandleFunc("GET /metrics", m.metricsHandler)
+	mux.HandleFunc("GET /v1/partitions", m.admitted(m.partitions))
+	mux.HandleFunc("GET /v1/journals", m.admitted(m.journals))
+	mux.HandleFunc("GET /v1/tenants/{t}/", m.admitted(m.tenantRead))
+	mux.HandleFunc("/", m.firstCore)
+	return mux
+}
+
+// admitted checks the caller as the cores would (the cores check again;
+// in loopback mode only this check can see the real client).
+func (m *memberRun) admitted(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if _, ok, status, msg := m.auth.Principal(r); !ok {
+			writeJSONError(w, status, msg)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSONError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+func (m *memberRun) readyz(w http.ResponseWriter, _ *http.Request) {
+	var why []string
+	m.mu.Lock()
+	if len(m.assign) == 0 {
+		why = append(why, "member: no assignment read yet")
+	}
+	for _, a := range m.assign {
+		if a.Owner == "" {
+			why = append(why, fmt.Sprintf("slot %d: no owner yet", a.Slot))
+		}
+		if a.Owner == m.id {
+			if r := m.slots[a.Slot]; r == nil || r.role != roleOwner || r.app.Load() == nil {
+				why = append(why, fmt.Sprintf("slot %d: starting", a.Slot))
+			}
+		}
+	}
+	m.mu.Unlock()
+	if m.leaving.Load() {
+		why = append(why, "member: leaving (SIGTERM)")
+	}
+	if len(why) > 0 {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"ready": false, "reasons": why})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+// metricsHandler merges the member's families with every local core's,
+// each labelled with its slot.
+func (m *memberRun) metricsHandler(w http.ResponseWriter, r *http.Request) {
+	gs := prometheus.Gatherers{m.proms}
+	m.mu.Lock()
+	for s, run := range m.slots {
+		if a := run.app.Load(); a != nil {
+			gs = append(gs, metrics.SlotGatherer(s, a.Metrics().Registry))
+		}
+	}
+	m.mu.Unlock()
+	promhttp.HandlerFor(gs, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}).ServeHTTP(w, r)
+}
+
+// samples feeds telha_partition_*.
+func (m *memberRun) samples() []metrics.PartitionSample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]metrics.PartitionSample, 0, m.n)
+	for s := 0; s < m.n; s++ {
+		p := metrics.PartitionSample{Slot: s, CheckpointAge: -1}
+		if s < len(m.assign) {
+			p.Epoch = m.assign[s].Epoch
+		}
+		if r := m.slots[s]; r != nil {
+			p.Role = r.role
+			switch r.role {
+			case roleOwner:
+				if a := r.app.Load(); a != nil {
+					p.Applied = a.changelogLast()
+					st := a.ChangelogStatus()
+					p.StartSeconds = st.StartTook.Seconds()
+					if !st.LastAt.IsZero() {
+						p.CheckpointAge = time.Since(st.LastAt).Seconds()
+					}
+				}
+			case roleStandby:
+				p.Applied = r.applied.Load()
+				if o := m.ownerApplied(s); o > p.Applied {
+					p.Lag = o - p.Applied
+				}
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// ownerApplied is the applied sequence slot s's owner last reported
+// (m.mu held).
+func (m *memberRun) ownerApplied(s int) uint64 {
+	if s >= len(m.assign) {
+		return 0
+	}
+	for _, mm := range m.members {
+		if mm.ID == m.assign[s].Owner {
+			return mm.Slots[s].Applied
+		}
+	}
+	return 0
+}
+
+// SlotView is one slot in the dynamic /v1/partitions.
+type SlotView struct {
+	Slot       int               `json:"slot"`
+	Partitions []int             `json:"partitions"`
+	Owner      string            `json:"owner"`
+	Epoch      uint64            `json:"epoch"`
+	Standbys   []string          `json:"standbys"`
+	Prev       string            `json:"prev,omitempty"`
+	Changed    time.Time         `json:"changed"`
+	Applied    uint64            `json:"owner_applied"`
+	Ready      bool              `json:"owner_ready"`
+	Standby    map[string]uint64 `json:"standby_applied"`
+	Lag        map[string]uint64 `json:"standby_lag"`
+	Checkpoint *CheckpointView   `json:"last_checkpoint,omitempty"`
+}
+
+// CheckpointView is a slot's last checkpoint, as its owner (this member)
+// took it.
+type CheckpointView struct {
+	Name string    `json:"name"`
+	Seq  uint64    `json:"seq"`
+	At   time.Time `json:"at"`
+}
+
+func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
+	m.mu.Lock()
+	byID := map[string]member.Member{}
+	var ms []map[string]any
+	for _, mm := range m.members {
+		byID[mm.ID] = mm
+		ms = append(ms, map[string]any{"id": mm.ID, "url": mm.URL, "leaving": mm.Leaving, "renewed": mm.Renewed, "started": mm.Started})
+	}
+	views := make([]SlotView, 0, len(m.assign))
+	owned := []int{}
+	for _, a := range m.assign {
+		v := SlotView{Slot: a.Slot, Owner: a.Owner, Epoch: a.Epoch, Standbys: a.Standbys, Prev: a.Prev, Changed: a.Changed,
+			Standby: map[string]uint64{}, Lag: map[string]uint64{}}
+		for p := a.Slot; p < m.cfg.Partitions; p += m.n {
+			v.Partitions = append(v.Partitions, p)
+			if a.Owner == m.id {
+				owned = append(owned, p)
+			}
+		}
+		st := byID[a.Owner].Slots[a.Slot]
+		v.Applied, v.Ready = st.Applied, st.Ready && st.Role == roleOwner
+		for _, sb := range a.Standbys {
+			if ss, ok := byID[sb].Slots[a.Slot]; ok && ss.Role == roleStandby {
+				v.Standby[sb] = ss.Applied
+				if v.Applied > ss.Applied {
+					v.Lag[sb] = v.Applied - ss.Applied
+				} else {
+					v.Lag[sb] = 0
+				}
+			}
+		}
+		if r := m.slots[a.Slot]; r != nil && r.role == roleOwner {
+			if app := r.app.Load(); app != nil {
+				if cs := app.ChangelogStatus(); !cs.LastAt.IsZero() {
+					v.Checkpoint = &CheckpointView{Name: cs.LastCheckpoint.Name, Seq: cs.LastCheckpoint.Seq, At: cs.LastAt.UTC()}
+				}
+			}
+		}
+		views = append(views, v)
+	}
+	m.mu.Unlock()
+	slices.Sort(owned)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"mode": "dynamic", "member": m.id, "partitions": m.cfg.Partitions, "replicas": m.n, "slots": m.n,
+		"owned": owned, "rule": fmt.Sprintf("slot = partition %% %d; each slot's owner, epoch and standbys are in the KV bucket %s", m.n, member.OwnersBucket(m.n)),
+		"members": ms, "assignments": views,
+	})
+}
+
+// localOwner returns the ready core of slot s on this member, if any.
+func (m *memberRun) localOwner(s int) *App {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.slots[s]; r != nil && r.role == roleOwner && !r.stopping.Load() {
+		return r.app.Load()
+	}
+	return nil
+}
+
+// ownerURL is the advertised URL of slot s's owner ("" unknown, or this
+// member).
+func (m *memberRun) ownerURL(s int) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s >= len(m.assign) || m.assign[s].Owner == "" || m.assign[s].Owner == m.id {
+		return ""
+	}
+	for _, mm := range m.members {
+		if mm.ID == m.assign[s].Owner {
+			return mm.URL
+		}
+	}
+	return ""
+}
+
+// tenantRead answers a read of tenant t: at the local core of t's slot, or
+// forwarded to its owner; while the slot has no serving owner (a move, a
+// failover), it waits up to --forward-wait.
+func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
+	s := queue.Partition(r.PathValue("t"), m.cfg.Partitions) % m.n
+	forwarded := r.Header.Get(hdrForwarded) != ""
+	deadline := time.Now().Add(m.cfg.Member.ForwardWait)
+	for {
+		if a := m.localOwner(s); a != nil {
+			if m.proxy(w, r, "http://"+a.HTTPAddr(), false) {
+				return
+			}
+		} else if url := m.ownerURL(s); url != "" && !forwarded {
+			if m.proxy(w, r, url, true) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			w.Header().Set("Retry-After", "1")
+			writeJSONError(w, http.StatusServiceUnavailable, fmt.Sprintf("slot %d (of tenant %q) has no serving owner yet: it is moving or failing over; retry", s, r.PathValue("t")))
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// proxy sends r to base and copies the answer; false (nothing written)
+// when base could not be reached (a core that just stopped, a member
+// gone): the caller routes again.
+func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, peer bool) bool {
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), nil)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
+		return true
+	}
+	for _, h := range []string{"Authorization", "Accept", "Cookie", "Origin", "Content-Type"} {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	if peer {
+		req.Header.Set(hdrForwarded, m.id)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+	return true
+}
+
+// journals merges /v1/journals of every local core and, unless forwarded,
+// of every other member.
+func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
+	var bases []string
+	m.mu.Lock()
+	for _, run := range m.slots {
+		if a := run.app.Load(); a != nil && run.role == roleOwner {
+			bases = append(bases, "http://"+a.HTTPAddr())
+		}
+	}
+	peers := []string{}
+	if r.Header.Get(hdrForwarded) == "" {
+		for _, mm := range m.members {
+			if mm.ID != m.id {
+				peers = append(peers, mm.URL)
+			}
+		}
+	}
+	m.mu.Unlock()
+	all := []json.RawMessage{}
+	get := func(base string, peer bool) error {
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, base+"/v1/journals", nil)
+		if err != nil {
+			return err
+		}
+		if v := r.Header.Get("Authorization"); v != "" {
+			req.Header.Set("Authorization", v)
+		}
+		if peer {
+			req.Header.Set(hdrForwarded, m.id)
+		}
+		resp, err := m.client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", base, resp.Status)
+		}
+		var body struct {
+			Journals []json.RawMessage `json:"journals"`
+		}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&body); err != nil {
+			return err
+		}
+		all = append(all, body.Journals...)
+		return nil
+	}
+	for _, b := range bases {
+		if err := get(b, false); err != nil {
+			writeJSONError(w, http.StatusServiceUnavailable, "journals: "+err.Error())
+			return
+		}
+	}
+	for _, p := range peers {
+		if err := get(p, true); err != nil {
+			writeJSONError(w, http.StatusServiceUnavailable, "journals of another member: "+err.Error())
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"journals": all})
+}
+
+// firstCore sends what is not routed by tenant (the status page, its
+// assets) to the lowest slot this member owns.
+func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
+	m.mu.Lock()
+	var a *App
+	for s := 0; s < m.n && a == nil; s++ {
+		if run := m.slots[s]; run != nil && run.role == roleOwner && !run.stopping.Load() {
+			a = run.app.Load()
+		}
+	}
+	m.mu.Unlock()
+	if a == nil {
+		w.Header().Set("Retry-After", "1")
+		writeJSONError(w, http.StatusServiceUnavailable, "this member owns no slot right now; ask another member")
+		return
+	}
+	m.proxy(w, r, "http://"+a.HTTPAddr(), false)
+}
+
+// applyStandby applies one write-set to a standby's copy; an erase's
+// marker compacts the copy so the erased bytes leave its files.
+func applyStandby(ctx context.Context, db *pebble.DB, seq uint64, ws []byte) error {
+	if err := partition.ApplyTo(db, seq, ws, false); err != nil {
+		return err
+	}
+	if bytes.Contains(ws, []byte(eraseMarker)) {
+		if err := db.Flush(); err != nil {
+			return fmt.Errorf("standby: flush after an erase: %w", err)
+		}
+		if err := db.Compact(ctx, []byte{0}, bytes.Repeat([]byte{0xff}, 64), true); err != nil {
+			return fmt.Errorf("standby: compaction after an erase: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,709 @@
+package crashtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/queue/client"
+)
+
+// The tests of issue 21 item 3 with real processes: a 3-server NATS
+// cluster (in this process, each server with its own store and routes),
+// several worker processes in --partition-owner dynamic, SIGKILL, SIGSTOP
+// and SIGTERM.
+
+const (
+	dynPartitions = 8
+	dynSlots      = 4
+	dynTTL        = 3 * time.Second
+)
+
+// memberProc is one worker process of a dynamic group.
+type memberProc struct {
+	id, addr, dir, logPath string
+	cmd                    *exec.Cmd
+	done                   chan struct{}
+	err                    error
+}
+
+func (p *memberProc) base() string { return "http://" + p.addr }
+
+func (p *memberProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// dynGroup starts and watches the members.
+type dynGroup struct {
+	t      *testing.T
+	bin    string
+	urls   string
+	logDir string
+	extra  []string
+	mu     sync.Mutex
+	procs  []*memberProc
+}
+
+func newDynGroup(t *testing.T, extra ...string) (*dynGroup, *testnats.Cluster) {
+	t.Helper()
+	cl := testnats.StartCluster(t, 3)
+	cl.WaitJetStream(t, 30*time.Second)
+	g := &dynGroup{t: t, bin: buildWorker(t, t.TempDir()), urls: cl.URLs(), logDir: t.TempDir(), extra: extra}
+	t.Cleanup(func() {
+		g.mu.Lock()
+		procs := append([]*memberProc(nil), g.procs...)
+		g.mu.Unlock()
+		for _, p := range procs {
+			if !p.exited() {
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if t.Failed() {
+			keep, err := os.MkdirTemp("", "telha-dynamic-logs-")
+			if err == nil {
+				for _, p := range procs {
+					if b, err := os.ReadFile(p.logPath); err == nil {
+						_ = os.WriteFile(filepath.Join(keep, filepath.Base(p.logPath)), b, 0o644)
+					}
+				}
+				t.Logf("the members' logs are kept in %s", keep)
+			}
+			for _, p := range procs {
+				b, _ := os.ReadFile(p.logPath)
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				if len(lines) > 60 {
+					lines = lines[len(lines)-60:]
+				}
+				t.Logf("---- %s (%s) last lines:\n%s", p.id, p.logPath, strings.Join(lines, "\n"))
+			}
+		}
+	})
+	return g, cl
+}
+
+// start starts member id on dir (a new one when "").
+func (g *dynGroup) start(id, dir string) *memberProc {
+	g.t.Helper()
+	if dir == "" {
+		dir = filepath.Join(g.t.TempDir(), id)
+	}
+	addr := testnats.FreeAddr(g.t)
+	g.mu.Lock()
+	n := len(g.procs)
+	g.mu.Unlock()
+	p := &memberProc{id: id, addr: addr, dir: dir, logPath: filepath.Join(g.logDir, fmt.Sprintf("%s-%02d.log", id, n)), done: make(chan struct{})}
+	args := []string{"--nats-url", g.urls, "--partitions", fmt.Sprint(dynPartitions), "--partition-owner", fmt.Sprintf("dynamic/%d", dynSlots),
+		"--changelog", "jetstream", "--stream-replicas", "3", "--member-id", id, "--member-ttl", dynTTL.String(), "--standbys", "1",
+		"--http-addr", addr, "--advertise-url", "http://" + addr, "--auth", "off", "--data-dir", dir, "--ack-wait", "5s",
+		"--checkpoint-schedule", "@every 4s", "--shutdown-grace", "15s", "--log-format", "json", "--max-batch-ops", "64", "--min-free-disk-mb", "0"}
+	args = append(args, g.extra...)
+	f, err := os.Create(p.logPath)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	p.cmd = exec.Command(g.bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	p.cmd.Env = childEnv()
+	if err := p.cmd.Start(); err != nil {
+		g.t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); f.Close(); close(p.done) }()
+	g.mu.Lock()
+	g.procs = append(g.procs, p)
+	g.mu.Unlock()
+	return p
+}
+
+// partitionsView is the dynamic /v1/partitions.
+type partitionsView struct {
+	Mode        string `json:"mode"`
+	Member      string `json:"member"`
+	Assignments []struct {
+		Slot       int               `json:"slot"`
+		Partitions []int             `json:"partitions"`
+		Owner      string            `json:"owner"`
+		Epoch      uint64            `json:"epoch"`
+		Standbys   []string          `json:"standbys"`
+		Ready      bool              `json:"owner_ready"`
+		Applied    uint64            `json:"owner_applied"`
+		Standby    map[string]uint64 `json:"standby_applied"`
+	} `json:"assignments"`
+	Members []struct {
+		ID string `json:"id"`
+	} `json:"members"`
+}
+
+func getJSON(url string, out any) (int, error) {
+	c := http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if out != nil && resp.StatusCode == 200 {
+		return resp.StatusCode, json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode, nil
+}
+
+// settled waits until, seen from p, every slot has a ready owner among
+// want (member ids) and, when standbys, a standby.
+func (g *dynGroup) settled(p *memberProc, want []string, standbys bool, within time.Duration) partitionsView {
+	g.t.Helper()
+	var v partitionsView
+	deadline := time.Now().Add(within)
+	for {
+		v = partitionsView{}
+		code, err := getJSON(p.base()+"/v1/partitions", &v)
+		ok := err == nil && code == 200 && len(v.Assignments) == dynSlots && len(v.Members) == len(want)
+		for _, a := range v.Assignments {
+			ok = ok && a.Ready && contains(want, a.Owner) && (!standbys || len(a.Standbys) == 1)
+		}
+		if ok {
+			return v
+		}
+		if time.Now().After(deadline) {
+			g.t.Fatalf("the group did not settle on %v within %s (last view %d %v: %+v)", want, within, code, err, v)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a remote view, with a deadline
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// tenantsPerSlot returns two tenant names for each slot.
+func tenantsPerSlot() ([]string, map[string]int) {
+	slotOf := map[string]int{}
+	per := map[int]int{}
+	var out []string
+	for i := 0; len(out) < 2*dynSlots; i++ {
+		name := fmt.Sprintf("tenant%d", i)
+		s := queue.Partition(name, dynPartitions) % dynSlots
+		if per[s] < 2 {
+			per[s]++
+			slotOf[name] = s
+			out = append(out, name)
+		}
+	}
+	return out, slotOf
+}
+
+// load publishes put_node requests for every tenant and collects results.
+type dynLoad struct {
+	t      *testing.T
+	c      *client.Client
+	slotOf map[string]int
+
+	mu        sync.Mutex
+	published map[string]pubNode // request id -> what
+	results   map[string][]client.Result
+	firstAt   map[string]time.Time // request id -> first result seen
+}
+
+type pubNode struct {
+	tenant string
+	id     uuid.UUID
+	at     time.Time
+	op     string
+}
+
+func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]int) *dynLoad {
+	nc := testnats.Connect(t, urls)
+	c, err := client.New(nc, client.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &dynLoad{t: t, c: c, slotOf: slotOf, published: map[string]pubNode{}, results: map[string][]client.Result{}, firstAt: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	since := time.Now().Add(-time.Second)
+	go func() {
+		_ = c.Results(ctx, tenants, since, func(r client.Result) bool {
+			l.mu.Lock()
+			l.results[r.RequestID] = append(l.results[r.RequestID], r)
+			if _, ok := l.firstAt[r.RequestID]; !ok {
+				l.firstAt[r.RequestID] = time.Now()
+			}
+			l.mu.Unlock()
+			return true
+		})
+	}()
+	return l
+}
+
+func (l *dynLoad) publish(ctx context.Context, r *client.Request) {
+	rid := r.RequestID
+	id, _ := uuid.Parse(r.ID)
+	at := time.Now()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := l.c.PublishRequest(pctx, r)
+		cancel()
+		if err == nil {
+			// Recorded once acknowledged by the stream: a publish cut off by
+			// the end of the load was never sent.
+			l.mu.Lock()
+			l.published[rid] = pubNode{tenant: r.Tenant, id: id, at: at, op: r.Op}
+			l.mu.Unlock()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func (l *dynLoad) putNode(ctx context.Context, tenant string, id uuid.UUID) string {
+	rid := uuid.NewString()
+	l.publish(ctx, &client.Request{RequestID: rid, Op: "put_node", Tenant: tenant, ID: id.String(), ValidFrom: "2026-01-01T00:00:00Z",
+		Props: json.RawMessage(`{"k":1}`), Provenance: &client.Provenance{Actor: "test", Reason: "load"}})
+	return rid
+}
+
+// run publishes a put_node per tenant every period until stop.
+func (l *dynLoad) run(ctx context.Context, tenants []string, period time.Duration) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		for _, tn := range tenants {
+			l.putNode(ctx, tn, uuid.New())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// waitAnswered waits until every published request has a result.
+func (l *dynLoad) waitAnswered(within time.Duration) {
+	l.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		l.mu.Lock()
+		var missing []string
+		for rid := range l.published {
+			if len(l.results[rid]) == 0 {
+				missing = append(missing, rid)
+			}
+		}
+		n := len(l.published)
+		l.mu.Unlock()
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			l.mu.Lock()
+			for _, rid := range missing[:min(5, len(missing))] {
+				p := l.published[rid]
+				l.t.Logf("no result: %s tenant %s (slot %d) id %s published %s", rid, p.tenant, l.slotOf[p.tenant], p.id, p.at.Format(time.RFC3339Nano))
+			}
+			l.mu.Unlock()
+			js := l.c.JetStream()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if s, err := js.Stream(ctx, "TELHA_REQ"); err == nil {
+				info, _ := s.Info(ctx)
+				if info != nil {
+					l.t.Logf("TELHA_REQ: %d messages, first %d last %d", info.State.Msgs, info.State.FirstSeq, info.State.LastSeq)
+				}
+				for cl := s.ListConsumers(ctx); ; {
+					ci, ok := <-cl.Info()
+					if !ok {
+						break
+					}
+					l.t.Logf("consumer %s: pending %d, ack pending %d, redelivered %d, waiting %d, paused %v", ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.Paused)
+				}
+			}
+			l.t.Fatalf("%d of %d requests have no result after %s (e.g. %v)", len(missing), n, within, missing[:min(5, len(missing))])
+		}
+		time.Sleep(200 * time.Millisecond) // polling the collector, with a deadline
+	}
+}
+
+// checkOnce: every request has exactly one result, and it is ok.
+func (l *dynLoad) checkOnce() (ok []pubNode) {
+	l.t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for rid, p := range l.published {
+		rs := l.results[rid]
+		if len(rs) != 1 {
+			l.t.Errorf("request %s (%s %s) has %d results, want exactly 1: %+v", rid, p.op, p.tenant, len(rs), rs)
+			continue
+		}
+		if rs[0].Status != "ok" {
+			l.t.Errorf("request %s (%s %s): %s %s", rid, p.op, p.tenant, rs[0].Status, rs[0].Error)
+			continue
+		}
+		if p.op == "put_node" {
+			ok = append(ok, p)
+		}
+	}
+	return ok
+}
+
+// checkReadable: every ok'd node reads 200 through every member in ps.
+func checkReadable(t *testing.T, nodes []pubNode, ps ...*memberProc) {
+	t.Helper()
+	bad := 0
+	for _, p := range ps {
+		for i, n := range nodes {
+			if i%3 != 0 && len(nodes) > 300 { // a third of them through each member
+				continue
+			}
+			code, err := getJSON(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", p.base(), n.tenant, n.id), nil)
+			if code != 200 {
+				bad++
+				if bad <= 5 {
+					t.Errorf("node %s/%s (ok'd) reads %d %v through %s", n.tenant, n.id, code, err, p.id)
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d reads of acknowledged nodes failed", bad)
+	}
+}
+
+// TestDynamicLoseAPodAndItsDisk: three members under load on 8 tenants;
+// SIGKILL one and delete its data directory: every request is answered
+// exactly once and ok, every acknowledged node reads 200 through both
+// survivors, each of the victim's slots answers again within seconds (its
+// standby takes over), and the victim restarted on an empty directory
+// rejoins and serves reads.
+func TestDynamicLoseAPodAndItsDisk(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and three worker processes")
+	}
+	g, _ := newDynGroup(t)
+	ids := []string{"w0", "w1", "w2"}
+	var ps []*memberProc
+	for _, id := range ids {
+		ps = append(ps, g.start(id, ""))
+	}
+	view := g.settled(ps[0], ids, true, 90*time.Second)
+	tenants, slotOf := tenantsPerSlot()
+	l := newDynLoad(t, g.urls, tenants, slotOf)
+	ctx, stopLoad := context.WithCancel(context.Background())
+	defer stopLoad()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); l.run(ctx, tenants, 20*time.Millisecond) }()
+	// Warm up: some results from every slot.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		l.mu.Lock()
+		n := len(l.firstAt)
+		l.mu.Unlock()
+		if n >= 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d results in 60 s of load", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The victim: the owner of slot 0.
+	var victim *memberProc
+	var victimSlots []int
+	for _, a := range view.Assignments {
+		if a.Slot == 0 {
+			for _, p := range ps {
+				if p.id == a.Owner {
+					victim = p
+				}
+			}
+		}
+	}
+	for _, a := range view.Assignments {
+		if a.Owner == victim.id {
+			victimSlots = append(victimSlots, a.Slot)
+		}
+	}
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	killedAt := time.Now()
+	if err := os.RemoveAll(victim.dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("SIGKILLed %s (slots %v) and deleted %s", victim.id, victimSlots, victim.dir)
+
+	// Failover: the first result of a request published after the kill,
+	// for a tenant of each of the victim's slots.
+	failover := map[int]time.Duration{}
+	deadline = time.Now().Add(60 * time.Second)
+	for len(failover) < len(victimSlots) {
+		l.mu.Lock()
+		for rid, p := range l.published {
+			at, ok := l.firstAt[rid]
+			s := slotOf[p.tenant]
+			if ok && p.at.After(killedAt) {
+				for _, vs := range victimSlots {
+					if vs == s {
+						if d := at.Sub(killedAt); failover[s] == 0 || d < failover[s] {
+							failover[s] = d
+						}
+					}
+				}
+			}
+		}
+		l.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("slots %v: no result within 60 s of the SIGKILL (got %v)", victimSlots, failover)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var worst time.Duration
+	for s, d := range failover {
+		t.Logf("failover: slot %d answered %.2f s after the SIGKILL (member TTL %s, one standby)", s, d.Seconds(), dynTTL)
+		worst = max(worst, d)
+	}
+	if worst > 15*time.Second {
+		t.Errorf("failover took %s, want <= 15 s with a standby", worst)
+	}
+	time.Sleep(2 * time.Second) // more load after the failover (not a synchronisation)
+	stopLoad()
+	wg.Wait()
+	l.waitAnswered(90 * time.Second)
+	nodes := l.checkOnce()
+	var survivors []*memberProc
+	for _, p := range ps {
+		if p != victim {
+			survivors = append(survivors, p)
+		}
+	}
+	checkReadable(t, nodes, survivors...)
+
+	// The victim comes back on an empty directory: it restores, rejoins,
+	// and answers reads (its own slots, once it owns some again, and the
+	// others' forwarded).
+	back := g.start(victim.id, victim.dir)
+	g.settled(back, ids, true, 90*time.Second)
+	checkReadable(t, nodes, back)
+	t.Logf("%d requests, all answered once; %d nodes read back through every member", len(l.published), len(nodes))
+}
+
+// reader reads acknowledged nodes through the given members until stop,
+// counting the answers that are not 200 (a connection refused by a member
+// that has exited is not an answer, and is not counted).
+type reader struct {
+	mu      sync.Mutex
+	targets []*memberProc
+	reads   int
+	bad     []string
+}
+
+func (rd *reader) setTargets(ps ...*memberProc) {
+	rd.mu.Lock()
+	rd.targets = ps
+	rd.mu.Unlock()
+}
+
+func (rd *reader) run(ctx context.Context, l *dynLoad) {
+	c := http.Client{Timeout: 30 * time.Second}
+	for i := 0; ctx.Err() == nil; i++ {
+		l.mu.Lock()
+		var n *pubNode
+		k := 0
+		for rid, p := range l.published {
+			if rs := l.results[rid]; len(rs) == 1 && rs[0].Status == "ok" {
+				if k++; k > i%50 {
+					p := p
+					n = &p
+					break
+				}
+			}
+		}
+		l.mu.Unlock()
+		rd.mu.Lock()
+		targets := rd.targets
+		rd.mu.Unlock()
+		if n == nil || len(targets) == 0 {
+			time.Sleep(20 * time.Millisecond) // nothing to read yet
+			continue
+		}
+		p := targets[i%len(targets)]
+		resp, err := c.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", p.base(), n.tenant, n.id))
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		rd.mu.Lock()
+		rd.reads++
+		if resp.StatusCode != 200 {
+			rd.bad = append(rd.bad, fmt.Sprintf("%s %s/%s: %d", p.id, n.tenant, n.id, resp.StatusCode))
+		}
+		rd.mu.Unlock()
+	}
+}
+
+// TestDynamicRescaleLive: 1 -> 3 -> 2 members under load, with readers
+// hitting every member: no read of an acknowledged node is answered 404
+// or 5xx, every request is answered exactly once, and the member that
+// got SIGTERM hands its slots off and exits 0.
+func TestDynamicRescaleLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and three worker processes")
+	}
+	g, _ := newDynGroup(t)
+	w0 := g.start("w0", "")
+	g.settled(w0, []string{"w0"}, false, 90*time.Second)
+	tenants, slotOf := tenantsPerSlot()
+	l := newDynLoad(t, g.urls, tenants, slotOf)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); l.run(ctx, tenants, 25*time.Millisecond) }()
+	rd := &reader{}
+	rd.setTargets(w0)
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); rd.run(ctx, l) }()
+	}
+
+	w1, w2 := g.start("w1", ""), g.start("w2", "")
+	rd.setTargets(w0, w1, w2)
+	g.settled(w0, []string{"w0", "w1", "w2"}, true, 120*time.Second)
+	t.Log("rescaled 1 -> 3")
+
+	if err := w0.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	g.settled(w1, []string{"w1", "w2"}, true, 120*time.Second)
+	select {
+	case <-w0.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("w0 did not exit within 60 s of SIGTERM")
+	}
+	if code := w0.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("w0 exited %d after SIGTERM, want 0", code)
+	}
+	rd.setTargets(w1, w2)
+	t.Log("rescaled 3 -> 2")
+	time.Sleep(2 * time.Second) // more load and reads after the rescale (not a synchronisation)
+	stop()
+	wg.Wait()
+	l.waitAnswered(90 * time.Second)
+	nodes := l.checkOnce()
+	checkReadable(t, nodes, w1, w2)
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	if len(rd.bad) > 0 {
+		t.Fatalf("%d of %d reads of acknowledged nodes during the rescale were not 200: %v", len(rd.bad), rd.reads, rd.bad[:min(10, len(rd.bad))])
+	}
+	if rd.reads < 100 {
+		t.Fatalf("only %d reads during the rescale", rd.reads)
+	}
+	t.Logf("%d requests answered once; %d reads during the rescale, all 200", len(l.published), rd.reads)
+}
+
+// TestDynamicZombieIsFenced: SIGSTOP the owner of slot 0 past the TTL; the
+// other member takes its slots and writes; SIGCONT: the old owner commits
+// nothing more (every request has exactly one result) and gives the slots
+// up (or exits, its append refused).
+func TestDynamicZombieIsFenced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and two worker processes")
+	}
+	g, _ := newDynGroup(t)
+	ps := []*memberProc{g.start("w0", ""), g.start("w1", "")}
+	view := g.settled(ps[0], []string{"w0", "w1"}, true, 90*time.Second)
+	tenants, slotOf := tenantsPerSlot()
+	l := newDynLoad(t, g.urls, tenants, slotOf)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); l.run(ctx, tenants, 20*time.Millisecond) }()
+	var zombie, other *memberProc
+	for _, a := range view.Assignments {
+		if a.Slot == 0 {
+			for _, p := range ps {
+				if p.id == a.Owner {
+					zombie = p
+				} else {
+					other = p
+				}
+			}
+		}
+	}
+	testnats.Eventually(t, 60*time.Second, "results before the SIGSTOP", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.firstAt) >= 100
+	})
+	if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := time.Now()
+	g.settled(other, []string{other.id}, false, 60*time.Second)
+	t.Logf("%s took every slot %.1f s after %s was frozen", other.id, time.Since(stoppedAt).Seconds(), zombie.id)
+	// The new owner writes: results of requests published after it took over.
+	took := time.Now()
+	testnats.Eventually(t, 30*time.Second, "results after the takeover", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		n := 0
+		for rid, at := range l.firstAt {
+			if at.After(took) && slotOf[l.published[rid].tenant] == 0 {
+				n++
+			}
+		}
+		return n >= 20
+	})
+	if err := zombie.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The zombie either exits (its append was refused) or rejoins owning
+	// nothing it did not get back warm-first.
+	testnats.Eventually(t, 60*time.Second, "the zombie exits or rejoins", func() bool {
+		if zombie.exited() {
+			return true
+		}
+		var v partitionsView
+		code, err := getJSON(other.base()+"/v1/partitions", &v)
+		return err == nil && code == 200 && len(v.Members) == 2
+	})
+	if zombie.exited() {
+		t.Logf("the zombie exited %d after SIGCONT", zombie.cmd.ProcessState.ExitCode())
+	}
+	time.Sleep(2 * time.Second) // more load after the SIGCONT (not a synchronisation)
+	stop()
+	wg.Wait()
+	l.waitAnswered(90 * time.Second)
+	nodes := l.checkOnce()
+	checkReadable(t, nodes, other)
+	t.Logf("%d requests answered exactly once across the freeze", len(l.published))
+}
