@@ -222,9 +222,16 @@ func (w *Worker) RunUntil(ctx, work context.Context) error {
 		}
 		held.acquire(len(m.Data()))
 		in <- m
-	}, jetstream.PullMaxBytes(w.cfg.BufferBytes), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		w.log.Warn("consume", "err", err)
-	}))
+	}, jetstream.PullMaxBytes(w.cfg.BufferBytes),
+		// Short pulls with frequent heartbeats: after a consumer leader
+		// change (a NATS server lost) the client resets its pending counts
+		// but sends no new pull (nats.go#2063), so only a missed heartbeat
+		// or an expired pull starts one again. 5 s and 1 s bound that stall
+		// to a few seconds instead of the default 30 s pull.
+		jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			w.log.Warn("consume", "err", err)
+		}))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
