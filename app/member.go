@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,6 +200,9 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 			return nil
 		case <-time.After(delay):
 		}
+	}
+	if err := m.checkLegacy(ctx); err != nil {
+		return err
 	}
 	m.log.Info("member: joining", "slots", m.n, "partitions", m.cfg.Partitions, "standbys", m.cfg.Member.Standbys, "ttl", m.cfg.Member.TTL,
 		"advertise_url", m.cfg.Member.AdvertiseURL, "http", ln.Addr().String())
@@ -950,5 +954,72 @@ func applyStandby(ctx context.Context, db *pebble.DB, seq uint64, ws []byte) err
 			return fmt.Errorf("standby: compaction after an erase: %w", err)
 		}
 	}
+	return nil
+}
+
+// checkLegacy refuses to start on a data directory whose static store
+// (<data-dir>/pebble, written with --partition-owner i/N) holds data its
+// changelog does not: a member would never read it, and the slot's new
+// owner would start a log without it, hiding it for good. Such a store is
+// carried over by one start of this release as i/N with --changelog
+// jetstream (it seeds the changelog); then the member reads it from the
+// changelog, and the static store stays in place, untouched, for a
+// rollback (docs/DEPLOY.md, "Upgrading to dynamic").
+func (m *memberRun) checkLegacy(ctx context.Context) error {
+	dir := filepath.Join(m.cfg.DataDir, "pebble")
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	pe, err := storage.OpenPebble(dir, nil, nil, nil, nil, storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		return fmt.Errorf("member: inspecting the static store %s: %w", dir, err)
+	}
+	empty, err := isEmpty(pe.DB)
+	var lid string
+	var attached bool
+	var applied uint64
+	if err == nil {
+		lid, attached, err = partition.LogID(pe.DB)
+	}
+	if err == nil {
+		applied, err = partition.AppliedSeq(pe.DB)
+	}
+	if cerr := pe.DB.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("member: inspecting the static store %s: %w", dir, err)
+	}
+	if empty {
+		return nil
+	}
+	refuse := func(why string) error {
+		return fmt.Errorf("%w: %s holds a static replica's store %s; a member would not read it. Carry it over first: start this release once with "+
+			"--partition-owner i/%d --changelog jetstream on this data directory (it seeds the changelog), stop it, then start it as a member (docs/DEPLOY.md)",
+			ErrUsage, dir, why, m.n)
+	}
+	if !attached {
+		return refuse("written without a changelog")
+	}
+	name, _, _ := strings.Cut(lid, "@")
+	prefix := fmt.Sprintf("TELHA_LOG_STATIC%d_", m.n)
+	idx, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+	if !strings.HasPrefix(name, prefix) || err != nil || idx < 0 || idx >= m.n {
+		return refuse(fmt.Sprintf("following the changelog %s, not one of the %d slots' (%s<i>)", name, m.n, prefix))
+	}
+	a := &App{cfg: m.coreConfig(idx), log: m.log, nc: m.nc}
+	cl, err := a.openChangelog(ctx)
+	if err != nil || cl == nil {
+		return errors.Join(err, ctx.Err())
+	}
+	id, _, last, err := cl.logIdentity(ctx)
+	if err != nil {
+		return err
+	}
+	if id != lid || last < applied {
+		return refuse(fmt.Sprintf("following %s up to sequence %d, while NATS holds %s up to %d", lid, applied, id, last))
+	}
+	m.log.Info("member: the static store of this data directory is in its changelog; it stays in place, untouched, for a rollback (delete it once the upgrade is confirmed)",
+		"dir", dir, "slot", idx, "changelog", lid, "applied", applied)
 	return nil
 }

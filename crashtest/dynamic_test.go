@@ -101,6 +101,12 @@ func newDynGroup(t *testing.T, extra ...string) (*dynGroup, *testnats.ProcCluste
 
 // start starts member id on dir (a new one when "").
 func (g *dynGroup) start(id, dir string) *memberProc {
+	return g.startWith(id, dir, []string{"--partition-owner", fmt.Sprintf("dynamic/%d", dynSlots), "--changelog", "jetstream", "--member-id", id})
+}
+
+// startWith starts the worker binary on dir with the common flags and
+// mode (the partition owner and changelog flags).
+func (g *dynGroup) startWith(id, dir string, mode []string) *memberProc {
 	g.t.Helper()
 	if dir == "" {
 		dir = filepath.Join(g.t.TempDir(), id)
@@ -110,10 +116,13 @@ func (g *dynGroup) start(id, dir string) *memberProc {
 	n := len(g.procs)
 	g.mu.Unlock()
 	p := &memberProc{id: id, addr: addr, dir: dir, logPath: filepath.Join(g.logDir, fmt.Sprintf("%s-%02d.log", id, n)), done: make(chan struct{})}
-	args := []string{"--nats-url", g.urls, "--partitions", fmt.Sprint(dynPartitions), "--partition-owner", fmt.Sprintf("dynamic/%d", dynSlots),
-		"--changelog", "jetstream", "--stream-replicas", "3", "--member-id", id, "--member-ttl", dynTTL.String(), "--standbys", "1",
-		"--http-addr", addr, "--advertise-url", "http://" + addr, "--auth", "off", "--data-dir", dir, "--ack-wait", "5s",
-		"--checkpoint-schedule", "@every 4s", "--shutdown-grace", "15s", "--log-format", "json", "--max-batch-ops", "64", "--min-free-disk-mb", "0"}
+	args := []string{"--nats-url", g.urls, "--partitions", fmt.Sprint(dynPartitions), "--stream-replicas", "3",
+		"--http-addr", addr, "--auth", "off", "--data-dir", dir, "--ack-wait", "5s",
+		"--shutdown-grace", "15s", "--log-format", "json", "--max-batch-ops", "64", "--min-free-disk-mb", "0"}
+	args = append(args, mode...)
+	if strings.HasPrefix(strings.Join(mode, " "), "--partition-owner dynamic") {
+		args = append(args, "--member-ttl", dynTTL.String(), "--standbys", "1", "--advertise-url", "http://"+addr, "--checkpoint-schedule", "@every 4s")
+	}
 	args = append(args, g.extra...)
 	f, err := os.Create(p.logPath)
 	if err != nil {
@@ -223,6 +232,7 @@ type dynLoad struct {
 	published map[string]pubNode // request id -> what
 	results   map[string][]client.Result
 	firstAt   map[string]time.Time // request id -> first result seen
+	followErr error
 }
 
 type pubNode struct {
@@ -243,15 +253,35 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 	t.Cleanup(cancel)
 	since := time.Now().Add(-time.Second)
 	go func() {
-		_ = c.Results(ctx, tenants, since, func(r client.Result) bool {
+		// Until the workers have created the results stream, Results fails:
+		// follow again (from the start, each time: nothing is read twice,
+		// since a failed follow read nothing).
+		for ctx.Err() == nil {
+			err := c.Results(ctx, tenants, since, func(r client.Result) bool {
+				l.mu.Lock()
+				l.results[r.RequestID] = append(l.results[r.RequestID], r)
+				if _, ok := l.firstAt[r.RequestID]; !ok {
+					l.firstAt[r.RequestID] = time.Now()
+				}
+				l.mu.Unlock()
+				return true
+			})
 			l.mu.Lock()
-			l.results[r.RequestID] = append(l.results[r.RequestID], r)
-			if _, ok := l.firstAt[r.RequestID]; !ok {
-				l.firstAt[r.RequestID] = time.Now()
-			}
+			got := len(l.firstAt)
 			l.mu.Unlock()
-			return true
-		})
+			if got > 0 {
+				if ctx.Err() == nil {
+					l.mu.Lock()
+					l.followErr = fmt.Errorf("following the results stopped: %w", err)
+					l.mu.Unlock()
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
 	}()
 	return l
 }
@@ -352,6 +382,9 @@ func (l *dynLoad) checkOnce() (ok []pubNode) {
 	l.t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.followErr != nil {
+		l.t.Error(l.followErr)
+	}
 	for rid, p := range l.published {
 		rs := l.results[rid]
 		if len(rs) != 1 {
@@ -757,4 +790,98 @@ func TestDynamicNATSServerLost(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests answered exactly once with one NATS server of three lost", len(l.published))
+}
+
+// TestDynamicUpgradeFromStatic: a group written by today's static release
+// (two replicas 0/2 and 1/2, --changelog off, data on their directories)
+// becomes a dynamic group without losing or hiding anything:
+//
+//  1. static, changelog off, under load (what runs today);
+//  2. a dynamic member on such a directory refuses to start (exit 2): it
+//     would never read that store;
+//  3. the same release as static i/2 with --changelog jetstream, once,
+//     under load: each replica seeds its changelog from its store;
+//  4. dynamic/2 members on the same directories, under load: every node
+//     acknowledged in any phase reads 200 through every member.
+func TestDynamicUpgradeFromStatic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and worker processes")
+	}
+	g, _ := newDynGroup(t)
+	dirs := []string{filepath.Join(t.TempDir(), "r0"), filepath.Join(t.TempDir(), "r1")}
+	static := func(i int, changelog string) *memberProc {
+		return g.startWith(fmt.Sprintf("r%d", i), dirs[i], []string{"--partition-owner", fmt.Sprintf("%d/2", i), "--changelog", changelog})
+	}
+	tenants, slotOf := tenantsPerSlot()
+	l := newDynLoad(t, g.urls, tenants, slotOf)
+	phase := func(name string, ps []*memberProc, ready func(*memberProc)) {
+		t.Helper()
+		for _, p := range ps {
+			ready(p)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); l.run(ctx, tenants, 20*time.Millisecond) }()
+		time.Sleep(3 * time.Second) // load for a while (not a synchronisation)
+		stop()
+		<-done
+		l.waitAnswered(90 * time.Second)
+		t.Logf("%s: %d requests answered so far", name, len(l.published))
+	}
+	readyz := func(p *memberProc) {
+		testnats.Eventually(t, 90*time.Second, p.id+" ready", func() bool {
+			code, _ := getJSON(p.base()+"/readyz", nil)
+			return code == 200
+		})
+	}
+	term := func(ps ...*memberProc) {
+		for _, p := range ps {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range ps {
+			select {
+			case <-p.done:
+			case <-time.After(60 * time.Second):
+				t.Fatalf("%s did not exit after SIGTERM", p.id)
+			}
+		}
+	}
+
+	// 1. Today's release: static, changelog off.
+	ps := []*memberProc{static(0, "off"), static(1, "off")}
+	phase("static, changelog off", ps, readyz)
+	term(ps...)
+
+	// 2. A member refuses the store no changelog holds.
+	early := g.startWith("w0", dirs[0], []string{"--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", "w0",
+		"--member-ttl", dynTTL.String(), "--advertise-url", "http://127.0.0.1:1"})
+	select {
+	case <-early.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("a member on a static store without a changelog did not refuse to start")
+	}
+	if code := early.cmd.ProcessState.ExitCode(); code != 2 {
+		t.Fatalf("a member on a static store without a changelog exited %d, want 2", code)
+	}
+	if b, _ := os.ReadFile(early.logPath); !strings.Contains(string(b), "--changelog jetstream") {
+		t.Fatalf("the refusal does not say what to do:\n%s", b)
+	}
+
+	// 3. One start as static with the changelog: it seeds.
+	ps = []*memberProc{static(0, "jetstream"), static(1, "jetstream")}
+	phase("static, changelog jetstream (seeded)", ps, readyz)
+	term(ps...)
+
+	// 4. Dynamic members on the same directories.
+	ws := []*memberProc{
+		g.startWith("w0", dirs[0], []string{"--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", "w0"}),
+		g.startWith("w1", dirs[1], []string{"--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", "w1"}),
+	}
+	phase("dynamic/2", ws, readyz)
+	nodes := l.checkOnce()
+	checkReadable(t, nodes, ws...)
+	if _, err := os.Stat(filepath.Join(dirs[0], "pebble")); err != nil {
+		t.Fatalf("the static store was not left in place for a rollback: %v", err)
+	}
+	t.Logf("%d nodes written across the upgrade read 200 through both members", len(nodes))
 }
