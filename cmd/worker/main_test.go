@@ -61,6 +61,16 @@ func TestBadFlagsExit2WithUsage(t *testing.T) {
 		{"env schedule", nil, []string{"TELHA_REAPER_SCHEDULE=nope"}},
 		{"stray argument", []string{"serve"}, nil},
 		{"tls half", []string{"--nats-url", "nats://x:1", "--nats-tls-cert", "c.pem"}, nil},
+		{"dynamic without nats url", []string{"--partition-owner", "dynamic", "--changelog", "jetstream"}, nil},
+		{"dynamic without changelog", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1"}, nil},
+		{"dynamic zero slots", []string{"--partition-owner", "dynamic/0", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
+		{"dynamic slots malformed", []string{"--partition-owner", "dynamic4", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
+		{"dynamic more slots than partitions", []string{"--partitions", "2", "--partition-owner", "dynamic/3", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
+		{"dynamic bad member id", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--member-id", "a b"}, nil},
+		{"dynamic with api addr", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--api-addr", ":9"}, nil},
+		{"dynamic ttl too short", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--member-ttl", "10ms"}, nil},
+		{"dynamic standbys", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--standbys", "9"}, nil},
+		{"dynamic advertise url", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--advertise-url", "host:80"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
