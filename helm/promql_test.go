@@ -50,6 +50,16 @@ var workerMetrics = map[string]string{
 	"telha_results_parked_events_total":               "counter",
 	"telha_storage_commit_failures_total":             "counter",
 	"telha_storage_disk_free_bytes":                   "gauge",
+	// --partition-owner dynamic: the member's own families.
+	"telha_partition_role":                   "gauge",
+	"telha_partition_epoch":                  "gauge",
+	"telha_partition_applied_sequence":       "gauge",
+	"telha_partition_standby_lag":            "gauge",
+	"telha_partition_checkpoint_age_seconds": "gauge",
+	"telha_partition_start_seconds":          "gauge",
+	"telha_member_live_members":              "gauge",
+	"telha_partition_moves_total":            "counter",
+	"telha_partition_fence_claims_total":     "counter",
 }
 
 // knownMetric reports whether name is exported by the worker.
