@@ -1,0 +1,213 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/queue/client"
+)
+
+// member is a dynamic member running in this process (so -race sees the
+// member's own code; crashtest runs members as processes).
+type memberUnderTest struct {
+	id, base string
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+func startMember(t *testing.T, ns *testnats.Server, id string) *memberUnderTest {
+	t.Helper()
+	addr := testnats.FreeAddr(t)
+	cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
+		"--partitions", "4", "--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", id, "--member-ttl", "2s",
+		"--standbys", "1", "--auth", "off", "--reaper-schedule", "@every 1h", "--checkpoint-schedule", "@every 1h", "--shutdown-grace", "10s"},
+		func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &memberUnderTest{id: id, base: "http://" + addr, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- Run(ctx, cfg, testLog, Options{}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-m.done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("member %s did not stop", id)
+		}
+	})
+	return m
+}
+
+type dynView struct {
+	Members     []struct{ ID string } `json:"members"`
+	Assignments []struct {
+		Slot     int      `json:"slot"`
+		Owner    string   `json:"owner"`
+		Ready    bool     `json:"owner_ready"`
+		Standbys []string `json:"standbys"`
+		Epoch    uint64   `json:"epoch"`
+	} `json:"assignments"`
+}
+
+func (m *memberUnderTest) view() (dynView, int) {
+	var v dynView
+	resp, err := http.Get(m.base + "/v1/partitions")
+	if err != nil {
+		return v, 0
+	}
+	defer resp.Body.Close()
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	return v, resp.StatusCode
+}
+
+// settledOn waits until m sees every slot owned (ready) by one of ids and
+// exactly len(ids) members, with standbys when there is more than one.
+func (m *memberUnderTest) settledOn(t *testing.T, ids ...string) dynView {
+	t.Helper()
+	var v dynView
+	testnats.Eventually(t, 60*time.Second, fmt.Sprintf("%s settles on %v", m.id, ids), func() bool {
+		var code int
+		v, code = m.view()
+		if code != 200 || len(v.Members) != len(ids) || len(v.Assignments) != 2 {
+			return false
+		}
+		owners := map[string]bool{}
+		for _, a := range v.Assignments {
+			owners[a.Owner] = true
+		}
+		if len(owners) != min(len(ids), 2) { // balanced: one slot each
+			return false
+		}
+		for _, a := range v.Assignments {
+			owned := false
+			for _, id := range ids {
+				owned = owned || a.Owner == id
+			}
+			if !owned || !a.Ready || (len(ids) > 1 && len(a.Standbys) != 1) {
+				return false
+			}
+		}
+		return true
+	})
+	return v
+}
+
+// TestMembersInProcessHandOff: two members share two slots (one each, each
+// the other's standby); requests for tenants of both slots are answered
+// once and read through either member; SIGTERM of one (its context) hands
+// its slot to the other, which then answers new requests and every read.
+func TestMembersInProcessHandOff(t *testing.T) {
+	ns := testnats.Start(t)
+	m0 := startMember(t, ns, "m0")
+	m0.settledOn(t, "m0")
+	m1 := startMember(t, ns, "m1")
+	v := m1.settledOn(t, "m0", "m1")
+	if v.Assignments[0].Owner == v.Assignments[1].Owner {
+		t.Fatalf("not balanced: %+v", v.Assignments)
+	}
+
+	nc := testnats.Connect(t, ns.ClientURL())
+	c, err := client.New(nc, client.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tenants []string
+	for i := 0; len(tenants) < 4; i++ { // two tenants of each slot
+		name := fmt.Sprintf("acme%d", i)
+		if n := len(tenants); queue.Partition(name, 4)%2 == n%2 {
+			tenants = append(tenants, name)
+		}
+	}
+	var mu sync.Mutex
+	results := map[string][]client.Result{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = c.Results(ctx, tenants, time.Now().Add(-time.Second), func(r client.Result) bool {
+			mu.Lock()
+			results[r.RequestID] = append(results[r.RequestID], r)
+			mu.Unlock()
+			return true
+		})
+	}()
+	type node struct{ tenant, id string }
+	var nodes []node
+	publish := func(round int) {
+		for i := 0; i < 10; i++ {
+			for _, tn := range tenants {
+				id := uuid.NewString()
+				rid := fmt.Sprintf("r%d-%d-%s", round, i, tn)
+				if _, err := c.PublishRequest(ctx, &client.Request{RequestID: rid, Op: "put_node", Tenant: tn, ID: id, ValidFrom: "2026-01-01T00:00:00Z",
+					Props: json.RawMessage(`{}`), Provenance: &client.Provenance{Actor: "t", Reason: "r"}}); err != nil {
+					t.Fatal(err)
+				}
+				nodes = append(nodes, node{tn, id})
+			}
+		}
+		testnats.Eventually(t, 60*time.Second, "every request answered", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(results) == len(nodes)
+		})
+	}
+	read := func(m *memberUnderTest) {
+		t.Helper()
+		for _, n := range nodes {
+			resp, err := http.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", m.base, n.tenant, n.id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s/%s through %s: %d", n.tenant, n.id, m.id, resp.StatusCode)
+			}
+		}
+	}
+	publish(0)
+	read(m0)
+	read(m1)
+
+	m0.cancel()
+	select {
+	case err := <-m0.done:
+		if err != nil {
+			t.Fatalf("m0 after SIGTERM: %v", err)
+		}
+		m0.done <- nil // for the cleanup
+	case <-time.After(60 * time.Second):
+		t.Fatal("m0 did not hand off and stop within 60 s")
+	}
+	m1.settledOn(t, "m1")
+	publish(1)
+	read(m1)
+	mu.Lock()
+	defer mu.Unlock()
+	for rid, rs := range results {
+		if len(rs) != 1 || rs[0].Status != "ok" {
+			t.Errorf("request %s: %+v, want one ok result", rid, rs)
+		}
+	}
+	if resp, err := http.Get(m1.base + "/metrics"); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`telha_partition_role{role="owner",slot="0"} 1`, `telha_partition_role{role="owner",slot="1"} 1`,
+			`telha_requests_total{op="put_node",slot="0",status="ok"}`, "telha_member_live_members 1"} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("/metrics of m1 lacks %s", want)
+			}
+		}
+	}
+}
