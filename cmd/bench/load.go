@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/url"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -27,6 +29,7 @@ import (
 
 type natsServer struct {
 	s    *server.Server
+	more []*server.Server // the other servers of a cluster
 	url  string
 	once sync.Once
 }
@@ -52,9 +55,78 @@ func startNATSWith(dir string, syncAlways bool) (*natsServer, error) {
 
 func (n *natsServer) stop() {
 	n.once.Do(func() {
-		n.s.Shutdown()
-		n.s.WaitForShutdown()
+		for _, s := range append([]*server.Server{n.s}, n.more...) {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
 	})
+}
+
+// startNATSCluster starts n clustered JetStream servers in this process,
+// each fsyncing every write (sync_interval: always, as docs/DEPLOY.md
+// configures a cluster), and waits until JetStream answers.
+func startNATSCluster(dir string, n int) (*natsServer, error) {
+	var routePorts []int
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		routePorts = append(routePorts, ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+	}
+	var routes []*url.URL
+	for _, p := range routePorts {
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)})
+	}
+	ns := &natsServer{}
+	var urls []string
+	for i := 0; i < n; i++ {
+		o := &server.Options{ServerName: fmt.Sprintf("bench-%d", i), Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, fmt.Sprint(i)),
+			NoLog: true, NoSigs: true, SyncAlways: true, Routes: routes,
+			Cluster: server.ClusterOpts{Name: "telha-bench", Host: "127.0.0.1", Port: routePorts[i]}}
+		s, err := server.NewServer(o)
+		if err != nil {
+			ns.stop()
+			return nil, fmt.Errorf("nats server: %w", err)
+		}
+		go s.Start()
+		if ns.s == nil {
+			ns.s = s
+		} else {
+			ns.more = append(ns.more, s)
+		}
+		if !s.ReadyForConnections(30 * time.Second) {
+			ns.stop()
+			return nil, errors.New("nats server did not start")
+		}
+		urls = append(urls, s.ClientURL())
+	}
+	ns.url = strings.Join(urls, ",")
+	nc, err := nats.Connect(ns.url)
+	if err != nil {
+		ns.stop()
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		ns.stop()
+		return nil, err
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.AccountInfo(ctx)
+		cancel()
+		if err == nil {
+			return ns, nil
+		}
+		if time.Now().After(deadline) {
+			ns.stop()
+			return nil, fmt.Errorf("nats cluster: no JetStream meta leader: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond) // waiting for a Raft election, with a deadline
+	}
 }
 
 // ---- the requests ----

@@ -115,7 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"scaling\" and \"erase\" are not in the default)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"scaling\" and \"erase\" are not in the default)")
 	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
 	scaling10M := fs.Bool("scaling-10m", false, "add a 10,000,000-edge hub to the scaling phase (minutes, and a few GB of disk)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
@@ -177,11 +177,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "small_changelog", "pipeline", "naive", "mixed", "hub", "scaling", "erase":
+		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "hub", "scaling", "erase":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, pipeline, naive, mixed, hub, scaling, erase)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, hub, scaling, erase)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -244,6 +244,18 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 		}
 		if err != nil {
 			return rep, fmt.Errorf("small_changelog: %w", err)
+		}
+	}
+	if o.phases["small_changelog_r3"] {
+		cl, err := startNATSCluster(filepath.Join(root, "nats-r3"), 3)
+		if err != nil {
+			return rep, err
+		}
+		err = runSmallWith(ctx, o, pg, cl, filepath.Join(root, "worker-changelog-r3"), specs, rep.SmallChangelogR3, "small_changelog_r3",
+			[]string{"--changelog", "jetstream", "--checkpoint-schedule", "@every 1h", "--stream-replicas", "3"})
+		cl.stop()
+		if err != nil {
+			return rep, fmt.Errorf("small_changelog_r3: %w", err)
 		}
 	}
 	if o.phases["pipeline"] {

@@ -18,6 +18,10 @@ type Report struct {
 	// SmallChangelog is the small phase again with --changelog jetstream
 	// (R1 on the bench's NATS server): issue 21's cost, side by side.
 	SmallChangelog *SmallReport `json:"small_changelog,omitempty"`
+	// SmallChangelogR3 is the small phase with the changelog on an R3
+	// stream of a 3-server cluster in this process (small_changelog_r3).
+	SmallChangelogR3        *SmallReport `json:"small_changelog_r3,omitempty"`
+	SmallChangelogR3VsSmall *float64     `json:"small_changelog_r3_vs_small,omitempty"`
 	// SmallChangelogVsSmall is its throughput over the small phase's, and
 	// the light-load p99 ratio (issue 21 aims at >= 0.7 throughput).
 	SmallChangelogVsSmall       *float64 `json:"small_changelog_vs_small,omitempty"`
@@ -146,6 +150,9 @@ func newReport(o *options) *Report {
 	if o.phases["small_changelog"] {
 		r.SmallChangelog = &SmallReport{}
 	}
+	if o.phases["small_changelog_r3"] {
+		r.SmallChangelogR3 = &SmallReport{}
+	}
 	if o.phases["pipeline"] {
 		r.Pipeline = &RateReport{}
 	}
@@ -187,6 +194,10 @@ func (r *Report) finish(total time.Duration) {
 		r.SmallChangelogVsSmall = ratio(r.SmallChangelog.PerSec, r.Small.PerSec)
 		r.SmallChangelogLightP99Ratio = ratio(r.SmallChangelog.LightP99ms, r.Small.LightP99ms)
 		add("small_changelog_vs_small", r.SmallChangelogVsSmall, false, 0.7, "issue 21: the changelog (R1) against the local-only commit path")
+	}
+	if r.Small != nil && r.SmallChangelogR3 != nil {
+		r.SmallChangelogR3VsSmall = ratio(r.SmallChangelogR3.PerSec, r.Small.PerSec)
+		add("small_changelog_r3_vs_small", r.SmallChangelogR3VsSmall, false, 0.7, "issue 21: the changelog (R3, 3 servers here) against the local-only commit path")
 	}
 	if r.Hub != nil {
 		r.HubVsRaw = ratio(r.Hub.Seconds, r.Hub.RawPebbleSeconds)
@@ -259,6 +270,13 @@ func printTable(w io.Writer, r *Report) {
 		row("small, changelog R1", &r.SmallChangelog.RateReport)
 		if l := r.SmallChangelog.Light; l != nil {
 			fmt.Fprintf(tw, "small light, changelog (%d/s)\t%.0f\t%.2f\t%.2f\t%d\t\t\t\t\t\t%.2f (%.2f)\t\n", r.Config.LightRate, l.PerSec, l.P50ms, l.P99ms, l.Requests,
+				l.CPU.Process, l.CPU.Others)
+		}
+	}
+	if r.SmallChangelogR3 != nil {
+		row("small, changelog R3", &r.SmallChangelogR3.RateReport)
+		if l := r.SmallChangelogR3.Light; l != nil {
+			fmt.Fprintf(tw, "small light, changelog R3 (%d/s)\t%.0f\t%.2f\t%.2f\t%d\t\t\t\t\t\t%.2f (%.2f)\t\n", r.Config.LightRate, l.PerSec, l.P50ms, l.P99ms, l.Requests,
 				l.CPU.Process, l.CPU.Others)
 		}
 	}
