@@ -336,8 +336,9 @@ func TestStatefulSet(t *testing.T) {
 			// Access control: tokens from the Secret when one is named, else
 			// the worker's loopback-only default (never --auth=off unasked).
 			tokFile, hasTok := argValue(c.Args, "--auth-tokens-file")
-			if _, off := argValue(c.Args, "--auth"); off {
-				t.Errorf("--auth set without auth.mode off: %v", c.Args)
+			authOff := stringValue(valuesOf(t, r), "auth.mode") == "off"
+			if mode, set := argValue(c.Args, "--auth"); set != authOff || (set && mode != "off") {
+				t.Errorf("--auth=%q (set %v) with auth.mode off %v: want --auth=off exactly then", mode, set, authOff)
 			}
 			tokSecret := stringValue(valuesOf(t, r), "auth.tokensSecret")
 			if hasTok != (tokSecret != "") {
@@ -356,8 +357,21 @@ func TestStatefulSet(t *testing.T) {
 					t.Errorf("tokens file %s: mounted %v, Secret volume %v", tokFile, mounted, found)
 				}
 			}
-			if got, _ := argValue(c.Args, "--partition-owner"); got != fmt.Sprintf("auto/%d", n) {
-				t.Errorf("--partition-owner = %q, want auto/%d", got, n)
+			// Ownership: dynamic/<slots> (the default), or static auto/<N>.
+			v := valuesOf(t, r)
+			wantOwner := fmt.Sprintf("auto/%d", n)
+			if dynamicRender(v) {
+				slots := 8
+				if s := intValue(v, "ownership.slots"); s != 0 {
+					slots = s
+				}
+				if int(n) > slots {
+					t.Errorf("%d replicas for %d slots", n, slots)
+				}
+				wantOwner = fmt.Sprintf("dynamic/%d", slots)
+			}
+			if got, _ := argValue(c.Args, "--partition-owner"); got != wantOwner {
+				t.Errorf("--partition-owner = %q, want %s", got, wantOwner)
 			}
 			p, ok := argValue(c.Args, "--partitions")
 			if !ok {
@@ -411,8 +425,12 @@ func TestStatefulSet(t *testing.T) {
 				checkProbe(t, "startup", c.StartupProbe, "/healthz")
 			}
 			// The http port (and the api port, checked in TestAPIPort).
-			if len(c.Ports) == 0 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
-				t.Errorf("want container port http/8080 first, got %+v", c.Ports)
+			port := int32(8080)
+			if p := intValue(v, "service.port"); p != 0 {
+				port = int32(p)
+			}
+			if len(c.Ports) == 0 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != port {
+				t.Errorf("want container port http/%d first, got %+v", port, c.Ports)
 			}
 			if spec.TerminationGracePeriodSeconds == nil || *spec.TerminationGracePeriodSeconds < 60 {
 				t.Errorf("terminationGracePeriodSeconds too short for the SIGTERM drain")
@@ -431,12 +449,19 @@ func TestStatefulSet(t *testing.T) {
 				if n != 3 {
 					t.Errorf("three-replicas render has %d replicas", n)
 				}
-				if got, _ := argValue(c.Args, "--partition-owner"); got != "auto/3" {
-					t.Errorf("three-replicas: --partition-owner = %q, want auto/3", got)
+				if got, _ := argValue(c.Args, "--partition-owner"); got != "dynamic/8" {
+					t.Errorf("three-replicas: --partition-owner = %q, want dynamic/8", got)
 				}
 			}
 		})
 	}
+}
+
+// dynamicRender reports whether a render's values (nil: the chart's
+// defaults) run ownership.mode dynamic, the default.
+func dynamicRender(v map[string]any) bool {
+	m := stringValue(v, "ownership.mode")
+	return m == "" || m == "dynamic"
 }
 
 func checkProbe(t *testing.T, name string, p *corev1.Probe, path string) {

@@ -140,13 +140,14 @@ func TestSchemaRejects(t *testing.T) {
 	// The same renders without the bad part succeed, so the failures above
 	// come from the bad values and not from something else.
 	for _, valid := range []string{
-		"replicaCount=16",
+		"replicaCount=16,ownership.mode=static",
+		"replicaCount=16,ownership.slots=16,auth.tokensSecret=t",
 		"ingress.enabled=true,ingress.host=telha.example.com,auth.tokensSecret=t",
 		"ingress.enabled=true,ingress.host=telha.example.com,auth.mode=off",
 		"extraVolumes[0].name=x,extraVolumes[0].secret.secretName=s,extraVolumeMounts[0].name=x,extraVolumeMounts[0].mountPath=/x",
 		"extraEnv[0].name=TELHA_LOG_LEVEL,extraEnv[0].value=debug",
 		"extraEnv[0].name=OTEL_EXPORTER_OTLP_ENDPOINT,extraEnv[0].value=http://c:4318",
-		"service.apiPort=8081,networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b",
+		"ownership.mode=static,service.apiPort=8081,networkPolicy.enabled=true,networkPolicy.ingress.apiFrom[0].podSelector.matchLabels.a=b",
 		"tracing.otlpEndpoint=https://collector.example.com/v1/traces,networkPolicy.enabled=true",
 		"nats.resultsMaxBytes=512MiB,nats.dlqMaxBytes=2GB,nats.resultsMaxPerTenant=0,nats.dlqMaxPerTenant=500",
 		"goMemLimit=1500MiB",

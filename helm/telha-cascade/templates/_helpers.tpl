@@ -79,6 +79,19 @@ service.apiPort, else "http".
 {{- if gt (int .Values.service.apiPort) 0 }}api{{ else }}http{{ end }}
 {{- end }}
 
+{{/*
+"true" with ownership.mode dynamic (--partition-owner dynamic/<slots>),
+"" with static (auto/<replicaCount>).
+*/}}
+{{- define "telha-cascade.dynamic" -}}
+{{- if eq .Values.ownership.mode "dynamic" }}true{{ end }}
+{{- end }}
+
+{{/* What the StatefulSet records of the layout: ownership mode, changelog. */}}
+{{- define "telha-cascade.changelogMode" -}}
+{{- if or (include "telha-cascade.dynamic" .) .Values.changelog.enabled }}jetstream{{ else }}off{{ end }}
+{{- end }}
+
 {{/* Label matchers that select this release's series in alert expressions. */}}
 {{- define "telha-cascade.alertSelector" -}}
 {{- if .Values.prometheusRule.selector -}}
@@ -95,6 +108,21 @@ StatefulSet so that every render runs them.
 {{- define "telha-cascade.validate" -}}
 {{- if gt (int .Values.replicaCount) (int .Values.partitions) }}
 {{- fail (printf "replicaCount (%d) must be <= partitions (%d): replica i owns partitions p with p %% N == i, so extra replicas would own nothing" (int .Values.replicaCount) (int .Values.partitions)) }}
+{{- end }}
+{{- if include "telha-cascade.dynamic" . }}
+{{- $slots := int .Values.ownership.slots }}
+{{- if gt $slots (int .Values.partitions) }}
+{{- fail (printf "ownership.slots (%d) must be <= partitions (%d): slot i holds the partitions p with p %% slots == i, so extra slots would hold nothing" $slots (int .Values.partitions)) }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) $slots }}
+{{- fail (printf "ownership.mode=dynamic: replicaCount (%d) must be <= ownership.slots (%d): each pod owns whole slots, so extra pods would own nothing" (int .Values.replicaCount) $slots) }}
+{{- end }}
+{{- if gt (int .Values.service.apiPort) 0 }}
+{{- fail "service.apiPort is not supported with ownership.mode=dynamic: a member serves the read API and the status page on service.port and forwards reads to the slot's owner there (the worker refuses --api-addr with --partition-owner dynamic). Set service.apiPort=0, or ownership.mode=static" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (ne .Values.auth.mode "off") (not .Values.auth.tokensSecret) }}
+{{- fail (printf "ownership.mode=dynamic with replicaCount %d: reads are forwarded between pods (to the owner of the tenant's slot), and without tokens (auth.mode auto, auth.tokensSecret empty) a pod answers loopback clients only, so it would refuse every forwarded read. Set auth.tokensSecret (a Secret with tokens.json), or auth.mode=off" (int .Values.replicaCount)) }}
+{{- end }}
 {{- end }}
 {{- $c := .Values.nats.credentialsSecret }}
 {{- if $c.name }}
@@ -182,17 +210,46 @@ StatefulSet so that every render runs them.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /*
+The layout of the running release, as its StatefulSet records it
+(telha.io/* annotations; a StatefulSet of the chart before ownership.mode
+records only partitions and replicas: static, without the changelog).
+`helm template` and --dry-run=client see no cluster and skip this.
+*/}}
 {{- if not .Values.allowTopologyChange }}
 {{- $existing := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "telha-cascade.fullname" .) }}
 {{- if $existing }}
 {{- $ann := default (dict) $existing.metadata.annotations }}
 {{- $oldP := index $ann "telha.io/partitions" | default "" }}
 {{- $oldN := index $ann "telha.io/replicas" | default "" }}
+{{- $oldMode := index $ann "telha.io/ownership" | default "static" }}
+{{- $oldLog := index $ann "telha.io/changelog" | default "off" }}
+{{- $oldSlots := index $ann "telha.io/slots" | default "" }}
+{{- $n := int .Values.replicaCount }}
+{{- $slots := int .Values.ownership.slots }}
 {{- if and $oldP (ne $oldP (toString (int .Values.partitions))) }}
 {{- fail (printf "partitions is fixed at install (%s, requested %d): changing it moves tenants between replicas' stores. See docs/DEPLOY.md (data move), then set allowTopologyChange=true" $oldP (int .Values.partitions)) }}
 {{- end }}
-{{- if and $oldN (ne $oldN (toString (int .Values.replicaCount))) }}
-{{- fail (printf "replicaCount changes partition ownership (%s -> %d) and the new owners do not have the data. See docs/DEPLOY.md (Scaling), then set allowTopologyChange=true" $oldN (int .Values.replicaCount)) }}
+{{- if include "telha-cascade.dynamic" . }}
+{{- if eq $oldMode "static" }}
+{{- if ne $oldLog "jetstream" }}
+{{- fail (printf "ownership.mode=dynamic: this release runs static ownership without the changelog (replicaCount %s), so each replica's data is on its volume only, where a member would not read it. Upgrade in two steps: first `helm upgrade` with ownership.mode=static and changelog.enabled=true (it seeds each replica's changelog; wait until every pod is ready), then to ownership.mode=dynamic with ownership.slots=%s (the old replicaCount). See docs/DEPLOY.md" ($oldN | default "?") ($oldN | default "<old replicaCount>")) }}
+{{- end }}
+{{- if and $oldN (ne $oldN (toString $slots)) }}
+{{- fail (printf "ownership.slots (%d) must equal the static replicaCount (%s) when switching to dynamic: slot i takes over static replica i's changelog (TELHA_LOG_STATIC%s_<i>). Set ownership.slots=%s" $slots $oldN $oldN $oldN) }}
+{{- end }}
+{{- else if and $oldSlots (ne $oldSlots (toString $slots)) }}
+{{- fail (printf "ownership.slots is fixed at install (%s, requested %d): each slot has its own changelog (TELHA_LOG_STATIC%s_<i>). Change replicaCount instead (any number up to %s), or see docs/DEPLOY.md (data move), then set allowTopologyChange=true" $oldSlots $slots $oldSlots $oldSlots) }}
+{{- end }}
+{{- else if eq $oldMode "dynamic" }}
+{{- if not .Values.changelog.enabled }}
+{{- fail "ownership.mode=static: this release runs dynamic ownership, whose writes are in the changelog and not in the static stores; going back to static needs changelog.enabled=true (each replica replays its slot's changelog)" }}
+{{- end }}
+{{- if and $oldSlots (ne $oldSlots (toString $n)) }}
+{{- fail (printf "ownership.mode=static: replicaCount (%d) must equal the dynamic release's ownership.slots (%s): static replica i takes over slot i's changelog (TELHA_LOG_STATIC%s_<i>). Set replicaCount=%s" $n $oldSlots $oldSlots $oldSlots) }}
+{{- end }}
+{{- else if and $oldN (ne $oldN (toString $n)) }}
+{{- fail (printf "replicaCount changes partition ownership (%s -> %d) and the new owners do not have the data. See docs/DEPLOY.md (Scaling), then set allowTopologyChange=true" $oldN $n) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -220,7 +277,26 @@ the variable would be silently ignored).
 - --stream-replicas={{ int .Values.nats.streamReplicas }}
 {{- end }}
 - --partitions={{ int .Values.partitions }}
+{{- $log := .Values.changelog }}
+{{- if include "telha-cascade.dynamic" . }}
+{{- $own := .Values.ownership }}
+- --partition-owner=dynamic/{{ int $own.slots }}
+- --member-id=$(POD_NAME)
+- {{ printf "--advertise-url=http://$(POD_NAME).%s.%s.svc.%s:%d" (include "telha-cascade.headlessName" .) .Release.Namespace .Values.clusterDomain (int .Values.service.port) | quote }}
+- --standbys={{ int $own.standbys }}
+- {{ printf "--member-ttl=%s" $own.memberTTL | quote }}
+- {{ printf "--forward-wait=%s" $own.forwardWait | quote }}
+{{- else }}
 - --partition-owner=auto/{{ int .Values.replicaCount }}
+{{- end }}
+{{- if or (include "telha-cascade.dynamic" .) $log.enabled }}
+- --changelog=jetstream
+{{- if gt (int $log.replicas) 0 }}
+- --changelog-replicas={{ int $log.replicas }}
+{{- end }}
+- {{ printf "--checkpoint-schedule=%s" $log.checkpointSchedule | quote }}
+- --checkpoints-keep={{ int $log.checkpointsKeep }}
+{{- end }}
 - --max-batch-ops={{ int64 .Values.maxBatchOps }}
 {{- if gt (int64 .Values.journalChunkOps) 0 }}
 - --journal-chunk-ops={{ int64 .Values.journalChunkOps }}
