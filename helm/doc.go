@@ -10,7 +10,22 @@
 //     prometheus-operator monitoring/v1 types (unknown or wrong-case fields
 //     fail);
 //   - selectors carry no version labels; the security defaults hold;
-//   - the StatefulSet passes --partition-owner auto/<replicas>;
+//   - ownership (ownership_test.go): by default the StatefulSet passes
+//     --partition-owner dynamic/<ownership.slots> with --changelog
+//     jetstream, --member-id and --advertise-url from $(POD_NAME) (env
+//     from the downward API) under the headless Service, and the values
+//     of ownership.* and changelog.*; ownership.mode static passes
+//     auto/<replicas> and exactly the earlier arguments (plus the
+//     changelog's flags with changelog.enabled); dynamic refuses an API
+//     port, more pods than slots, more slots than partitions and several
+//     pods without tokens; its NetworkPolicy lets the pods reach each
+//     other on the HTTP port (forwarded reads);
+//   - the upgrade guards (upgrade_test.go), rendered with Helm's engine
+//     against a fake cluster holding an earlier release's StatefulSet
+//     (`lookup` sees it; `helm template` never does): partitions and
+//     slots fixed, replicaCount fixed in static mode only, no switch from
+//     static without the changelog straight to dynamic, back to static
+//     only with the changelog and one replica per slot;
 //   - every alert expression and dashboard query parses as PromQL and uses
 //     only metric names the worker exports;
 //   - values.schema.json rejects unknown keys;
@@ -25,8 +40,9 @@
 //     and an extraEnv GOMEMLIMIT in its place, never twice; the streams'
 //     size limits (nats.resultsMaxBytes and the rest) reach the flags
 //     (limits_test.go);
-//   - every telha_* family the worker's metrics package registers is on
-//     the dashboard, and the alerts on the oldest pending request, parked
+//   - every telha_* family the worker's metrics package registers
+//     (the dynamic member's telha_partition_* and telha_member_* too) is
+//     on the dashboard, and the alerts on the oldest pending request, parked
 //     results and dead letters without their result read the right
 //     metric with the values' thresholds.
 package chartcheck
