@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/queue/client"
@@ -895,4 +896,113 @@ func TestDynamicUpgradeFromStatic(t *testing.T) {
 		t.Fatalf("the static store was not left in place for a rollback: %v", err)
 	}
 	t.Logf("%d nodes written across the upgrade read 200 (each through one member, the first 100 through both)", len(nodes))
+}
+
+// TestDynamicEraseLeavesNoCopy: an erase in a dynamic group (R3 changelog
+// and checkpoint bucket on three nats-server processes, a standby on the
+// other member): after its result, and once the standby has applied it, no
+// file of any NATS server, and no file of either member's copies, holds
+// the erased props or provenance.
+func TestDynamicEraseLeavesNoCopy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and two worker processes")
+	}
+	g, cl := newDynGroup(t)
+	ps := []*memberProc{g.start("w0", ""), g.start("w1", "")}
+	g.settled(ps[0], []string{"w0", "w1"}, true, 90*time.Second)
+	tenants, slotOf := tenantsPerSlot()
+	tenant := tenants[0]
+	l := newDynLoad(t, g.urls, tenants, slotOf)
+	ctx := context.Background()
+	propMark, provMark := "PROPMARK"+uuid.NewString()[:8], "PROVMARK"+uuid.NewString()[:8]
+	id := uuid.New()
+	l.publish(ctx, &client.Request{RequestID: uuid.NewString(), Op: "put_node", Tenant: tenant, ID: id.String(), ValidFrom: "2026-01-01T00:00:00Z",
+		Props: json.RawMessage(`{"name":"` + propMark + `"}`), Provenance: &client.Provenance{Actor: "crm", Reason: provMark}})
+	for i := 0; i < 20; i++ {
+		l.putNode(ctx, tenant, uuid.New())
+	}
+	l.waitAnswered(60 * time.Second)
+	var scanDirs []string
+	for _, p := range cl.Procs {
+		scanDirs = append(scanDirs, p.StoreDir)
+	}
+	for _, p := range ps {
+		scanDirs = append(scanDirs, filepath.Join(p.dir, "slots"))
+	}
+	hits := func(mark string) []string {
+		var out []string
+		for _, d := range scanDirs {
+			hs, err := diskscan.FilesContaining(d, mark)
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			for _, h := range hs {
+				out = append(out, filepath.Join(d, h))
+			}
+		}
+		return out
+	}
+	if len(hits(propMark)) == 0 {
+		t.Fatal("the marker is in no file before the erase: the scan proves nothing")
+	}
+	l.publish(ctx, &client.Request{RequestID: uuid.NewString(), Op: "erase_node", Tenant: tenant, ID: id.String(),
+		Provenance: &client.Provenance{Actor: "dpo", Reason: "GDPR art. 17"}})
+	l.waitAnswered(120 * time.Second)
+	l.checkOnce()
+	// The standby applies the erase after the owner's result: wait until it
+	// has caught up with the owner (positions from /v1/partitions).
+	slot := slotOf[tenant]
+	testnats.Eventually(t, 60*time.Second, "the standby applies the erase", func() bool {
+		var v partitionsView
+		if code, err := getJSON(ps[0].base()+"/v1/partitions", &v); err != nil || code != 200 {
+			return false
+		}
+		for _, a := range v.Assignments {
+			if a.Slot == slot {
+				for _, sb := range a.Standbys {
+					if v, ok := a.Standby[sb]; !ok || v < a.Applied {
+						return false
+					}
+				}
+				return a.Ready
+			}
+		}
+		return false
+	})
+	// 1. Within seconds: no stream's or bucket's message files, and no
+	// member's copy. Only the R3 groups' Raft logs ($SYS/_js_/<group>) may
+	// still hold the appended entries (RELIABILITY.md).
+	raftLog := string(filepath.Separator) + filepath.Join("$SYS", "_js_") + string(filepath.Separator)
+	erasedAt := time.Now()
+	deadline := erasedAt.Add(20 * time.Second)
+	var inRaft []string
+	for {
+		var left []string
+		inRaft = nil
+		for _, h := range append(hits(propMark), hits(provMark)...) {
+			if strings.Contains(h, raftLog) {
+				inRaft = append(inRaft, h)
+			} else {
+				left = append(left, h)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the erase's result and the standby's catch-up, the erased data is still in %d files: %v", len(left), left)
+		}
+		time.Sleep(200 * time.Millisecond) // the servers remove purged blocks in the background
+	}
+	// 2. The Raft logs: each group snapshots and compacts its log on a
+	// timer (nats-server: every 2 minutes plus jitter); wait for it.
+	deadline = erasedAt.Add(4 * time.Minute)
+	for len(inRaft) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("4 minutes after the erase, the erased data is still in the Raft logs %v", inRaft)
+		}
+		time.Sleep(2 * time.Second) // waiting for the servers' snapshot timers, with a deadline
+		inRaft = append(hits(propMark), hits(provMark)...)
+	}
+	t.Logf("the erased data left every file: the streams, buckets and copies within seconds, the R3 Raft logs %.0f s after the result", time.Since(erasedAt).Seconds())
 }
