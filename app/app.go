@@ -27,6 +27,7 @@ import (
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/reaper"
 	"github.com/telha/telha-cascade/storage"
+	"github.com/telha/telha-cascade/ui"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -59,6 +60,9 @@ type Options struct {
 	// TracerProvider, when set, receives the spans (tests: an in-memory
 	// exporter); nil: --otlp-endpoint decides.
 	TracerProvider trace.TracerProvider
+	// SlotView, set by a dynamic member for its slots' cores, lists every
+	// slot of the group for the status page's overview.
+	SlotView func() []ui.SlotRow
 }
 
 // App is a running worker.
@@ -78,6 +82,8 @@ type App struct {
 	reaper  *reaper.Service
 	// changelog is nil with --changelog off (changelog.go).
 	changelog *changelog
+	// slotView: Options.SlotView (nil in the static layout).
+	slotView func() []ui.SlotRow
 	// startPhase says what startup is doing while the store is not open
 	// (readiness).
 	startPhase atomic.Pointer[string]
@@ -181,7 +187,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if cfg.Member.Dynamic {
 		return runMember(ctx, cfg, log, opts)
 	}
-	a := &App{cfg: cfg, log: log}
+	a := &App{cfg: cfg, log: log, slotView: opts.SlotView}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {
 			err = cerr

@@ -30,6 +30,7 @@ import (
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/storage"
+	"github.com/telha/telha-cascade/ui"
 )
 
 // --partition-owner dynamic (issue 21, item 3): a member of a group.
@@ -484,6 +485,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &slotRun{slot: s, role: roleOwner, epoch: epoch, stop: cancel, done: make(chan struct{}), started: time.Now()}
 	o := m.opts
+	o.SlotView = m.slotRows
 	o.OnReady = func(a *App) {
 		r.app.Store(a)
 		st := a.ChangelogStatus()
@@ -1022,4 +1024,44 @@ func (m *memberRun) checkLegacy(ctx context.Context) error {
 	m.log.Info("member: the static store of this data directory is in its changelog; it stays in place, untouched, for a rollback (delete it once the upgrade is confirmed)",
 		"dir", dir, "slot", idx, "changelog", lid, "applied", applied)
 	return nil
+}
+
+// slotRows is every slot of the group for the status page.
+func (m *memberRun) slotRows() []ui.SlotRow {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byID := map[string]member.Member{}
+	for _, mm := range m.members {
+		byID[mm.ID] = mm
+	}
+	rows := make([]ui.SlotRow, 0, len(m.assign))
+	for _, a := range m.assign {
+		st := byID[a.Owner].Slots[a.Slot]
+		row := ui.SlotRow{Slot: a.Slot, Owner: a.Owner, Epoch: a.Epoch, Ready: st.Ready && st.Role == roleOwner, Applied: st.Applied}
+		var parts, sbs []string
+		for p := a.Slot; p < m.cfg.Partitions; p += m.n {
+			parts = append(parts, strconv.Itoa(p))
+		}
+		for _, sb := range a.Standbys {
+			ss, ok := byID[sb].Slots[a.Slot]
+			switch {
+			case !ok || ss.Role != roleStandby:
+				sbs = append(sbs, sb+" (starting)")
+			case ss.Applied >= st.Applied:
+				sbs = append(sbs, sb+" (lag 0)")
+			default:
+				sbs = append(sbs, fmt.Sprintf("%s (lag %d)", sb, st.Applied-ss.Applied))
+			}
+		}
+		row.Partitions, row.Standbys = strings.Join(parts, ", "), strings.Join(sbs, ", ")
+		if r := m.slots[a.Slot]; r != nil && r.role == roleOwner {
+			if app := r.app.Load(); app != nil {
+				if cs := app.ChangelogStatus(); !cs.LastAt.IsZero() {
+					row.Checkpoint = fmt.Sprintf("seq %d, %s ago", cs.LastCheckpoint.Seq, time.Since(cs.LastAt).Round(time.Second))
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
 }

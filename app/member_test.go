@@ -191,6 +191,16 @@ func TestMembersInProcessHandOff(t *testing.T) {
 	m1.settledOn(t, "m1")
 	publish(1)
 	read(m1)
+	// The status page (the lowest slot m1 owns) lists every slot of the group.
+	resp, err := http.Get(m1.base + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(page), `id="slots"`) || strings.Count(string(page), "<td>m1</td>") != 2 {
+		t.Errorf("/ui/ through m1: %d, want the slots table with m1 owning both:\n%s", resp.StatusCode, page)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for rid, rs := range results {

@@ -41,6 +41,9 @@ func (a *App) uiHandler() http.Handler {
 		Overview: func(ctx context.Context, p api.Principal) ui.Overview {
 			o := ui.Overview{Pending: "-", AckPending: "-", OldestPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
 				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
+			if a.slotView != nil {
+				o.Slots = a.slotView()
+			}
 			if !p.Sees("*") {
 				// A token of some tenants: their journals and dead letters
 				// only, none of the worker's own figures (they count every

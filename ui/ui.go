@@ -79,7 +79,22 @@ type Overview struct {
 	DiskFree     string
 	StoreSize    string
 	Partitions   api.Partitions
-	Build        string
+	// Slots: with --partition-owner dynamic, every slot of the group as
+	// this member sees it (empty in the static layout).
+	Slots []SlotRow
+	Build string
+}
+
+// SlotRow is one slot of a dynamic group on the overview.
+type SlotRow struct {
+	Slot       int
+	Partitions string
+	Owner      string
+	Epoch      uint64
+	Ready      bool
+	Standbys   string // "member (lag n)", comma-separated
+	Applied    uint64
+	Checkpoint string // the owner's last checkpoint, when this member owns it
 }
 
 // StatusCount is one status's answered requests.
