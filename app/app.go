@@ -63,6 +63,11 @@ type Options struct {
 	// SlotView, set by a dynamic member for its slots' cores, lists every
 	// slot of the group for the status page's overview.
 	SlotView func() []ui.SlotRow
+	// StandbyApplied, set by a dynamic member, returns the applied
+	// changelog sequences of the slot's standbys that are tailing: a
+	// scheduled checkpoint purges the changelog only below what they
+	// still need (they would otherwise restore a checkpoint again).
+	StandbyApplied func() []uint64
 }
 
 // App is a running worker.
@@ -82,8 +87,10 @@ type App struct {
 	reaper  *reaper.Service
 	// changelog is nil with --changelog off (changelog.go).
 	changelog *changelog
-	// slotView: Options.SlotView (nil in the static layout).
-	slotView func() []ui.SlotRow
+	// slotView, standbyApplied: Options.SlotView, Options.StandbyApplied
+	// (nil in the static layout).
+	slotView       func() []ui.SlotRow
+	standbyApplied func() []uint64
 	// startPhase says what startup is doing while the store is not open
 	// (readiness).
 	startPhase atomic.Pointer[string]
@@ -187,7 +194,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if cfg.Member.Dynamic {
 		return runMember(ctx, cfg, log, opts)
 	}
-	a := &App{cfg: cfg, log: log, slotView: opts.SlotView}
+	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {
 			err = cerr

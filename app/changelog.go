@@ -158,6 +158,10 @@ type changelog struct {
 	obs  jetstream.ObjectStore
 	part int
 
+	// standbys returns the applied sequences of the slot's tailing
+	// standbys (dynamic mode; nil otherwise).
+	standbys func() []uint64
+
 	mu     sync.Mutex // one checkpoint at a time; guards status
 	status ChangelogStatus
 	db     atomic.Pointer[pebble.DB]
@@ -208,7 +212,7 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 		}
 		cancel()
 		if err == nil {
-			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition}
+			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: a.standbyApplied}
 			c.status = ChangelogStatus{Mode: ChangelogJetStream, Stream: cl.Config().StreamName(), Subject: cl.Config().Subject(),
 				Bucket: cc.Bucket, Partition: pc.Partition}
 			return c, nil
@@ -510,8 +514,8 @@ func (c *changelog) stopCheckpoints(wait bool) {
 }
 
 // checkpoint saves one checkpoint, prunes to --checkpoints-keep and purges
-// the changelog below the oldest kept (this step has no standbys, so the
-// floor is the checkpoints').
+// the changelog below the oldest kept, and below what each tailing standby
+// still needs (dynamic mode).
 func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -526,7 +530,11 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 		var need uint64
 		need, err = partition.PruneWith(ctx, c.obs, c.part, c.cfg.CheckpointsKeep, c.deleteCheckpoint)
 		if err == nil {
-			floor = partition.PurgeFloor(need)
+			var standbys []uint64
+			if c.standbys != nil {
+				standbys = c.standbys()
+			}
+			floor = partition.PurgeFloor(need, standbys...)
 			err = c.cl.PurgeBelow(ctx, floor)
 		}
 	}

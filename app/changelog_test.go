@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,5 +444,41 @@ func TestChangelogFlags(t *testing.T) {
 		if _, err := ParseFlags(args, func(string) string { return "" }, &usage); !errors.Is(err, ErrUsage) || !strings.Contains(usage.String(), "-changelog") {
 			t.Errorf("%v: %v (usage printed: %t), want a usage error", args, err, usage.Len() > 0)
 		}
+	}
+}
+
+// TestChangelogPurgeWaitsForStandbys: a scheduled checkpoint purges the
+// changelog below the oldest kept checkpoint and below what each tailing
+// standby still needs (its applied sequence + 1), never past a standby.
+func TestChangelogPurgeWaitsForStandbys(t *testing.T) {
+	ns := testnats.Start(t)
+	var standby atomic.Uint64
+	standby.Store(3)
+	flags := append(append([]string{}, changelogFlags...), "--checkpoints-keep", "1")
+	w := startWorker(t, ns, t.TempDir(), Options{StandbyApplied: func() []uint64 { return []uint64{standby.Load()} }}, flags...)
+	b := newBus(t, ns)
+	a := &acked{tenant: "floor"}
+	for range 6 {
+		a.ok(t, b, node(uuid.NewString()))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cp, err := w.app.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.Seq <= 4 {
+		t.Fatalf("checkpoint at %d: the test needs more write-sets before it", cp.Seq)
+	}
+	info := changelogStream(t, b.js, w.app.ChangelogStatus().Stream)
+	if info.State.FirstSeq != 4 {
+		t.Fatalf("changelog starts at %d with a standby at 3 and a checkpoint at %d: want 4 (the standby's next)", info.State.FirstSeq, cp.Seq)
+	}
+	standby.Store(cp.Seq + 10) // caught up (and beyond): the checkpoint sets the floor again
+	if cp, err = w.app.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info = changelogStream(t, b.js, w.app.ChangelogStatus().Stream); info.State.FirstSeq != cp.Seq+1 {
+		t.Fatalf("changelog starts at %d after a checkpoint at %d with the standby caught up: want %d", info.State.FirstSeq, cp.Seq, cp.Seq+1)
 	}
 }

@@ -486,6 +486,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	r := &slotRun{slot: s, role: roleOwner, epoch: epoch, stop: cancel, done: make(chan struct{}), started: time.Now()}
 	o := m.opts
 	o.SlotView = m.slotRows
+	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnReady = func(a *App) {
 		r.app.Store(a)
 		st := a.ChangelogStatus()
@@ -1064,4 +1065,22 @@ func (m *memberRun) slotRows() []ui.SlotRow {
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// standbyApplied is what slot s's tailing standbys reported last.
+func (m *memberRun) standbyApplied(s int) []uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s >= len(m.assign) {
+		return nil
+	}
+	var out []uint64
+	for _, mm := range m.members {
+		if slices.Contains(m.assign[s].Standbys, mm.ID) {
+			if st, ok := mm.Slots[s]; ok && st.Role == roleStandby && st.Ready {
+				out = append(out, st.Applied)
+			}
+		}
+	}
+	return out
 }
