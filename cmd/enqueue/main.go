@@ -44,6 +44,9 @@ commands:
                   the pause survives a restart
   resume --replica N|--all
                   resume it
+  checkpoints --slots N [--slot I] [--get NAME --out FILE]
+                  list the checkpoints of the layout i/N or dynamic/N (the
+                  changelog's backups), or copy one out into FILE
 
 enqueue <command> -h lists a command's own flags. Global flags may also
 follow the command (enqueue put-node --wait ...). Every NATS flag also reads
@@ -94,6 +97,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runOwner(ctx, &g, rest, stdout, stderr)
 	case "pause", "resume":
 		err = runPause(ctx, &g, cmd, rest, stdout, stderr)
+	case "checkpoints":
+		err = runCheckpoints(ctx, &g, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n", cmd)
 		fs.Usage()
