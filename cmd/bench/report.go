@@ -22,6 +22,11 @@ type Report struct {
 	// stream of a 3-server cluster in this process (small_changelog_r3).
 	SmallChangelogR3        *SmallReport `json:"small_changelog_r3,omitempty"`
 	SmallChangelogR3VsSmall *float64     `json:"small_changelog_r3_vs_small,omitempty"`
+	// SmallR3 is the small phase on that same cluster with the changelog
+	// off (local-only commits), run first: what R3 streams cost the queue
+	// path alone; SmallChangelogR3VsSmallR3 is the changelog's own cost.
+	SmallR3                   *SmallReport `json:"small_r3,omitempty"`
+	SmallChangelogR3VsSmallR3 *float64     `json:"small_changelog_r3_vs_small_r3,omitempty"`
 	// SmallChangelogVsSmall is its throughput over the small phase's, and
 	// the light-load p99 ratio (issue 21 aims at >= 0.7 throughput).
 	SmallChangelogVsSmall       *float64 `json:"small_changelog_vs_small,omitempty"`
@@ -151,7 +156,7 @@ func newReport(o *options) *Report {
 		r.SmallChangelog = &SmallReport{}
 	}
 	if o.phases["small_changelog_r3"] {
-		r.SmallChangelogR3 = &SmallReport{}
+		r.SmallChangelogR3, r.SmallR3 = &SmallReport{}, &SmallReport{}
 	}
 	if o.phases["pipeline"] {
 		r.Pipeline = &RateReport{}
@@ -198,6 +203,10 @@ func (r *Report) finish(total time.Duration) {
 	if r.Small != nil && r.SmallChangelogR3 != nil {
 		r.SmallChangelogR3VsSmall = ratio(r.SmallChangelogR3.PerSec, r.Small.PerSec)
 		add("small_changelog_r3_vs_small", r.SmallChangelogR3VsSmall, false, 0.7, "issue 21: the changelog (R3, 3 servers here) against the local-only commit path")
+	}
+	if r.SmallR3 != nil && r.SmallChangelogR3 != nil {
+		r.SmallChangelogR3VsSmallR3 = ratio(r.SmallChangelogR3.PerSec, r.SmallR3.PerSec)
+		add("small_changelog_r3_vs_small_r3", r.SmallChangelogR3VsSmallR3, false, 0.7, "issue 21: the changelog's own cost on R3 (both on the same 3-server cluster)")
 	}
 	if r.Hub != nil {
 		r.HubVsRaw = ratio(r.Hub.Seconds, r.Hub.RawPebbleSeconds)
@@ -272,6 +281,9 @@ func printTable(w io.Writer, r *Report) {
 			fmt.Fprintf(tw, "small light, changelog (%d/s)\t%.0f\t%.2f\t%.2f\t%d\t\t\t\t\t\t%.2f (%.2f)\t\n", r.Config.LightRate, l.PerSec, l.P50ms, l.P99ms, l.Requests,
 				l.CPU.Process, l.CPU.Others)
 		}
+	}
+	if r.SmallR3 != nil {
+		row("small, R3, no changelog", &r.SmallR3.RateReport)
 	}
 	if r.SmallChangelogR3 != nil {
 		row("small, changelog R3", &r.SmallChangelogR3.RateReport)
