@@ -517,6 +517,13 @@ func (c *changelog) stopCheckpoints(wait bool) {
 // the changelog below the oldest kept, and below what each tailing standby
 // still needs (dynamic mode).
 func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
+	// The standbys' positions are read before the lock: the member that
+	// reports them takes its own lock, and may hold it while it reads this
+	// changelog's status. Positions read earlier are only lower (safer).
+	var standbys []uint64
+	if c.standbys != nil {
+		standbys = c.standbys()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	db := c.db.Load()
@@ -530,10 +537,6 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 		var need uint64
 		need, err = partition.PruneWith(ctx, c.obs, c.part, c.cfg.CheckpointsKeep, c.deleteCheckpoint)
 		if err == nil {
-			var standbys []uint64
-			if c.standbys != nil {
-				standbys = c.standbys()
-			}
 			floor = partition.PurgeFloor(need, standbys...)
 			err = c.cl.PurgeBelow(ctx, floor)
 		}

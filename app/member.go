@@ -93,15 +93,18 @@ type memberRun struct {
 	proms  *prometheus.Registry
 	client *http.Client
 
-	mu      sync.Mutex
-	slots   map[int]*slotRun
-	assign  []member.Assignment
-	members []member.Member
-	started time.Time
-	leaving atomic.Bool
-	moves   atomic.Uint64
-	fenced  atomic.Uint64
-	fatal   chan error
+	mu    sync.Mutex
+	slots map[int]*slotRun
+	seen  map[int]seenEpoch
+	// restartAt: a slot run that ended on its own starts again only then.
+	restartAt map[int]time.Time
+	assign    []member.Assignment
+	members   []member.Member
+	started   time.Time
+	leaving   atomic.Bool
+	moves     atomic.Uint64
+	fenced    atomic.Uint64
+	fatal     chan error
 }
 
 // slotRun is a slot running on this member, as owner or standby.
@@ -133,8 +136,8 @@ func (r *slotRun) exited() bool {
 func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
-		pc:     member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
-		slots:  map[int]*slotRun{},
+		pc:    member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
+		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{},
 		fatal:  make(chan error, 1),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
 	}
@@ -339,22 +342,30 @@ func (a *App) changelogLast() uint64 {
 	return a.changelog.cl.Last()
 }
 
-// released: the previous owner of a no longer runs it (its record says
-// so, or it is gone), or the handoff bound ran out.
+// released: no other live member runs slot a as its owner (its record
+// says so; a member gone runs nothing), or the handoff bound ran out since
+// this member first saw a's epoch (m.mu held). Every other member counts,
+// not only a.Prev: an owner before it may still be draining.
 func (m *memberRun) released(a member.Assignment, members []member.Member) bool {
-	if a.Prev == "" || a.Prev == m.id {
-		return true
-	}
-	if time.Since(a.Changed) > m.cfg.ShutdownGrace+m.cfg.Member.TTL {
+	if seen, ok := m.seen[a.Slot]; ok && seen.epoch == a.Epoch && time.Since(seen.at) > m.cfg.ShutdownGrace+m.cfg.Member.TTL {
 		return true
 	}
 	for _, mm := range members {
-		if mm.ID == a.Prev {
-			st, ok := mm.Slots[a.Slot]
-			return !ok || st.Role != roleOwner
+		if mm.ID == m.id {
+			continue
+		}
+		if st, ok := mm.Slots[a.Slot]; ok && st.Role == roleOwner {
+			return false
 		}
 	}
-	return true // gone
+	return true
+}
+
+// seenEpoch is when this member first saw a slot's epoch (its own
+// monotonic clock: the assignment's Changed is the leader's clock).
+type seenEpoch struct {
+	epoch uint64
+	at    time.Time
 }
 
 // reconcile starts and stops slot runs to match the assignment.
@@ -362,6 +373,9 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for s, a := range cur {
+		if m.seen[s].epoch != a.Epoch {
+			m.seen[s] = seenEpoch{a.Epoch, time.Now()}
+		}
 		want := ""
 		switch {
 		case a.Owner == m.id:
@@ -371,10 +385,16 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 		}
 		r := m.slots[s]
 		if r != nil && r.exited() && !r.stopping.Load() {
-			// It ended on its own (an error it did not survive): start again.
-			m.log.Warn("member: a slot run ended; restarting it", "slot", s, "role", r.role, "err", r.err)
+			// It ended on its own (an error it did not survive): start again,
+			// after a pause (a conflict only an operator settles would
+			// otherwise restart it every round).
+			m.log.Warn("member: a slot run ended; restarting it in 5 s", "slot", s, "role", r.role, "err", r.err)
 			delete(m.slots, s)
+			m.restartAt[s] = time.Now().Add(5 * time.Second)
 			r = nil
+		}
+		if r == nil && time.Now().Before(m.restartAt[s]) {
+			continue
 		}
 		if r != nil && r.stopping.Load() {
 			if !r.exited() {
@@ -443,6 +463,19 @@ func (m *memberRun) dropCopy(s int) {
 	if err := os.RemoveAll(m.slotDir(s)); err != nil {
 		m.log.Warn("member: removing the copy of a slot no longer held", "slot", s, "err", err)
 	}
+}
+
+// setAside moves slot s's copy out of the way (<data-dir>/slots/<s>.aside-
+// <time>), for an operator: it holds data that no changelog holds.
+func (m *memberRun) setAside(s int) {
+	to := fmt.Sprintf("%s.aside-%s", m.slotDir(s), time.Now().UTC().Format("20060102T150405Z"))
+	if err := os.Rename(m.slotDir(s), to); err != nil {
+		m.log.Error("member: moving aside a copy no changelog holds", "slot", s, "err", err)
+		return
+	}
+	m.log.Error("member: slot's local copy holds data that its changelog does not (the stream was deleted, or NATS lost it); "+
+		"moved aside, not deleted: restore it as the static replica i/N with --changelog jetstream to seed a new changelog (RUNBOOK, Backups)",
+		"slot", s, "moved_to", to)
 }
 
 func (m *memberRun) stopAll() {
@@ -531,7 +564,9 @@ func (m *memberRun) startStandby(s int) *slotRun {
 			}
 			log.Warn("member: the standby's tail stopped; catching up again", "err", err, "in", delay)
 			if errors.Is(err, errStandbySeed) {
-				m.dropCopy(s) // data no log knows: the owner's log is the truth
+				// Data no log holds (the stream was deleted, or NATS lost
+				// it): possibly the only copy. Moved aside, never deleted.
+				m.setAside(s)
 			}
 			select {
 			case <-ctx.Done():
@@ -554,7 +589,8 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 	}
 	t0 := time.Now()
 	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
-	db, err := cl.catchUp(ctx, m.slotDir(s), sizes, true)
+	// The core's own directory: promoting the standby opens this Pebble.
+	db, err := cl.catchUp(ctx, filepath.Join(m.slotDir(s), "pebble"), sizes, true)
 	if err != nil {
 		return err
 	}
@@ -652,8 +688,8 @@ func (m *memberRun) metricsHandler(w http.ResponseWriter, r *http.Request) {
 
 // samples feeds telha_partition_*.
 func (m *memberRun) samples() []metrics.PartitionSample {
+	var owners []ownerAt
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	out := make([]metrics.PartitionSample, 0, m.n)
 	for s := 0; s < m.n; s++ {
 		p := metrics.PartitionSample{Slot: s, CheckpointAge: -1}
@@ -666,11 +702,7 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 			case roleOwner:
 				if a := r.app.Load(); a != nil {
 					p.Applied = a.changelogLast()
-					st := a.ChangelogStatus()
-					p.StartSeconds = st.StartTook.Seconds()
-					if !st.LastAt.IsZero() {
-						p.CheckpointAge = time.Since(st.LastAt).Seconds()
-					}
+					owners = append(owners, ownerAt{len(out), a})
 				}
 			case roleStandby:
 				p.Applied = r.applied.Load()
@@ -681,7 +713,24 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 		}
 		out = append(out, p)
 	}
+	m.mu.Unlock()
+	// A core's status takes its changelog's lock, held through a
+	// checkpoint's upload: never while holding m.mu.
+	for _, o := range owners {
+		st := o.app.ChangelogStatus()
+		out[o.i].StartSeconds = st.StartTook.Seconds()
+		if !st.LastAt.IsZero() {
+			out[o.i].CheckpointAge = time.Since(st.LastAt).Seconds()
+		}
+	}
 	return out
+}
+
+// ownerAt is a core whose status is read after m.mu is released, and the
+// index of the row it fills.
+type ownerAt struct {
+	i   int
+	app *App
 }
 
 // ownerApplied is the applied sequence slot s's owner last reported
@@ -723,6 +772,7 @@ type CheckpointView struct {
 }
 
 func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
+	var owners []ownerAt
 	m.mu.Lock()
 	byID := map[string]member.Member{}
 	var ms []map[string]any
@@ -755,14 +805,17 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 		}
 		if r := m.slots[a.Slot]; r != nil && r.role == roleOwner {
 			if app := r.app.Load(); app != nil {
-				if cs := app.ChangelogStatus(); !cs.LastAt.IsZero() {
-					v.Checkpoint = &CheckpointView{Name: cs.LastCheckpoint.Name, Seq: cs.LastCheckpoint.Seq, At: cs.LastAt.UTC()}
-				}
+				owners = append(owners, ownerAt{len(views), app})
 			}
 		}
 		views = append(views, v)
 	}
 	m.mu.Unlock()
+	for _, o := range owners { // outside m.mu: see samples
+		if cs := o.app.ChangelogStatus(); !cs.LastAt.IsZero() {
+			views[o.i].Checkpoint = &CheckpointView{Name: cs.LastCheckpoint.Name, Seq: cs.LastCheckpoint.Seq, At: cs.LastAt.UTC()}
+		}
+	}
 	slices.Sort(owned)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
@@ -832,18 +885,26 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 // when base could not be reached (a core that just stopped, a member
 // gone): the caller routes again.
 func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, peer bool) bool {
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), nil)
+	var body io.Reader
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		body = r.Body // the status page's POSTs (sign-in, dead letters, pause): sent once
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), body)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return true
 	}
-	for _, h := range []string{"Authorization", "Accept", "Cookie", "Origin", "Content-Type"} {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
+	req.Header = r.Header.Clone()
+	for _, h := range []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
+		req.Header.Del(h)
 	}
+	req.ContentLength = r.ContentLength
 	if peer {
 		req.Header.Set(hdrForwarded, m.id)
+	} else {
+		// The core checks Origin (every POST) and, in loopback mode, the
+		// Host name against what the client sent, not against this hop.
+		req.Host = r.Host
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
@@ -925,8 +986,14 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 }
 
 // firstCore sends what is not routed by tenant (the status page, its
-// assets) to the lowest slot this member owns.
+// assets) to the lowest slot this member owns. In loopback mode only this
+// hop sees the real client (the core sees this process), so it refuses a
+// non-loopback one here; with tokens, the core's sessions decide.
 func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
+	if m.auth.Mode() == api.AuthLoopback && !loopbackRemote(r.RemoteAddr) {
+		writeJSONError(w, http.StatusForbidden, "this worker answers loopback clients only (no --auth-tokens-file)")
+		return
+	}
 	m.mu.Lock()
 	var a *App
 	for s := 0; s < m.n && a == nil; s++ {
@@ -940,7 +1007,20 @@ func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusServiceUnavailable, "this member owns no slot right now; ask another member")
 		return
 	}
-	m.proxy(w, r, "http://"+a.HTTPAddr(), false)
+	if !m.proxy(w, r, "http://"+a.HTTPAddr(), false) {
+		w.Header().Set("Retry-After", "1")
+		writeJSONError(w, http.StatusServiceUnavailable, "the slot's core did not answer (it is stopping); retry")
+	}
+}
+
+// loopbackRemote reports whether a request's RemoteAddr is a loopback IP.
+func loopbackRemote(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // applyStandby applies one write-set to a standby's copy; an erase's
@@ -1029,8 +1109,8 @@ func (m *memberRun) checkLegacy(ctx context.Context) error {
 
 // slotRows is every slot of the group for the status page.
 func (m *memberRun) slotRows() []ui.SlotRow {
+	var owners []ownerAt
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	byID := map[string]member.Member{}
 	for _, mm := range m.members {
 		byID[mm.ID] = mm
@@ -1057,12 +1137,16 @@ func (m *memberRun) slotRows() []ui.SlotRow {
 		row.Partitions, row.Standbys = strings.Join(parts, ", "), strings.Join(sbs, ", ")
 		if r := m.slots[a.Slot]; r != nil && r.role == roleOwner {
 			if app := r.app.Load(); app != nil {
-				if cs := app.ChangelogStatus(); !cs.LastAt.IsZero() {
-					row.Checkpoint = fmt.Sprintf("seq %d, %s ago", cs.LastCheckpoint.Seq, time.Since(cs.LastAt).Round(time.Second))
-				}
+				owners = append(owners, ownerAt{len(rows), app})
 			}
 		}
 		rows = append(rows, row)
+	}
+	m.mu.Unlock()
+	for _, o := range owners { // outside m.mu: see samples
+		if cs := o.app.ChangelogStatus(); !cs.LastAt.IsZero() {
+			rows[o.i].Checkpoint = fmt.Sprintf("seq %d, %s ago", cs.LastCheckpoint.Seq, time.Since(cs.LastAt).Round(time.Second))
+		}
 	}
 	return rows
 }

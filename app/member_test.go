@@ -25,7 +25,7 @@ type memberUnderTest struct {
 	done     chan error
 }
 
-func startMember(t *testing.T, ns *testnats.Server, id string) *memberUnderTest {
+func startMember(t *testing.T, ns *testnats.Server, id string, onReady ...func(*App)) *memberUnderTest {
 	t.Helper()
 	addr := testnats.FreeAddr(t)
 	cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
@@ -37,7 +37,11 @@ func startMember(t *testing.T, ns *testnats.Server, id string) *memberUnderTest 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &memberUnderTest{id: id, base: "http://" + addr, cancel: cancel, done: make(chan error, 1)}
-	go func() { m.done <- Run(ctx, cfg, testLog, Options{}) }()
+	opts := Options{}
+	if len(onReady) > 0 {
+		opts.OnReady = onReady[0]
+	}
+	go func() { m.done <- Run(ctx, cfg, testLog, opts) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -111,7 +115,13 @@ func TestMembersInProcessHandOff(t *testing.T) {
 	ns := testnats.Start(t)
 	m0 := startMember(t, ns, "m0")
 	m0.settledOn(t, "m0")
-	m1 := startMember(t, ns, "m1")
+	var coresMu sync.Mutex
+	cores := map[int]*App{} // m1's slot cores, the latest of each slot
+	m1 := startMember(t, ns, "m1", func(a *App) {
+		coresMu.Lock()
+		cores[a.cfg.Owner.Index] = a
+		coresMu.Unlock()
+	})
 	v := m1.settledOn(t, "m0", "m1")
 	if v.Assignments[0].Owner == v.Assignments[1].Owner {
 		t.Fatalf("not balanced: %+v", v.Assignments)
@@ -189,6 +199,21 @@ func TestMembersInProcessHandOff(t *testing.T) {
 		t.Fatal("m0 did not hand off and stop within 60 s")
 	}
 	m1.settledOn(t, "m1")
+	// The slot m0 handed off was promoted from m1's warm standby: its core
+	// opened the standby's copy and replayed only the tail, no restore.
+	moved := 0
+	if v.Assignments[0].Owner == "m1" {
+		moved = 1
+	}
+	coresMu.Lock()
+	promoted := cores[moved]
+	coresMu.Unlock()
+	if promoted == nil {
+		t.Fatalf("no core of slot %d on m1", moved)
+	}
+	if st := promoted.ChangelogStatus(); st.Restored || st.ReplayFrom <= 1 {
+		t.Fatalf("slot %d on m1 started with restored=%v, replay from %d: not from its warm standby's copy", moved, st.Restored, st.ReplayFrom)
+	}
 	publish(1)
 	read(m1)
 	// The status page (the lowest slot m1 owns) lists every slot of the group.

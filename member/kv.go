@@ -96,8 +96,11 @@ func (r *Registry) Leave(ctx context.Context, id string) error {
 }
 
 // Members returns the live members, sorted by id: a record exists and was
-// written (by the server's clock) within the TTL.
-func (r *Registry) Members(ctx context.Context) ([]Member, error) {
+// written within the TTL of the server's clock. The server's "now" is the
+// time of self's own record (just renewed, the caller's first step), so a
+// member whose clock is skewed against the server's judges the others as
+// the server would; without a record of self, the local clock.
+func (r *Registry) Members(ctx context.Context, self string) ([]Member, error) {
 	lister, err := r.members.ListKeys(ctx)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
@@ -109,7 +112,8 @@ func (r *Registry) Members(ctx context.Context) ([]Member, error) {
 	for k := range lister.Keys() {
 		keys = append(keys, k)
 	}
-	var out []Member
+	var entries []jetstream.KeyValueEntry
+	now := r.now()
 	for _, k := range keys {
 		e, err := r.members.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -118,7 +122,15 @@ func (r *Registry) Members(ctx context.Context) ([]Member, error) {
 		if err != nil {
 			return nil, fmt.Errorf("member: get %s: %w", k, err)
 		}
-		if r.now().Sub(e.Created()) > r.cfg.TTL {
+		if k == self {
+			now = e.Created()
+		}
+		entries = append(entries, e)
+	}
+	var out []Member
+	for _, e := range entries {
+		k := e.Key()
+		if now.Sub(e.Created()) > r.cfg.TTL {
 			continue // expired, not yet removed by the server
 		}
 		var m Member
@@ -211,7 +223,7 @@ func (r *Registry) Watch(ctx context.Context) (<-chan struct{}, error) {
 // set). It returns the assignment as it now stands (the plan where it was
 // written), the live members, and whether this member led.
 func (r *Registry) Step(ctx context.Context, self string, pc PlanConfig) ([]Assignment, []Member, bool, error) {
-	members, err := r.Members(ctx)
+	members, err := r.Members(ctx, self)
 	if err != nil {
 		return nil, nil, false, err
 	}

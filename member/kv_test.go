@@ -116,12 +116,12 @@ func TestRegistryExpiredMemberIsGone(t *testing.T) {
 	if err := r.Leave(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := r.Members(ctx)
+	ms, err := r.Members(ctx, "a")
 	if err != nil || len(ms) != 1 || ms[0].ID != "a" {
 		t.Fatalf("after b left: %v %v", ms, err)
 	}
 	testnats.Eventually(t, 10*time.Second, "a expires", func() bool {
-		ms, err := r.Members(ctx)
+		ms, err := r.Members(ctx, "")
 		return err == nil && len(ms) == 0
 	})
 	if err := ValidID("telha-cascade-0"); err != nil {
@@ -131,5 +131,28 @@ func TestRegistryExpiredMemberIsGone(t *testing.T) {
 		if ValidID(bad) == nil {
 			t.Fatalf("ValidID(%q) accepted", bad)
 		}
+	}
+}
+
+// TestRegistryMembersJudgedByServerTime: a member whose clock runs 5 s
+// ahead of the server's (TTL 6 s) still sees the others as live, because
+// ages are measured from its own record's server time.
+func TestRegistryMembersJudgedByServerTime(t *testing.T) {
+	srv := testnats.Start(t)
+	r := openRegistry(t, srv.ClientURL(), Config{Slots: 2, Replicas: 1, TTL: 6 * time.Second})
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if err := r.Renew(ctx, Member{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // b's record ages by 1.5 s of real time (the point of the test)
+	if err := r.Renew(ctx, Member{ID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	r.now = func() time.Time { return time.Now().Add(5 * time.Second) } // a's clock runs 5 s ahead
+	ms, err := r.Members(ctx, "a")
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("with a 5 s skew: %v %v, want a and b live", ms, err)
 	}
 }

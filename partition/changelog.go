@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -130,6 +131,9 @@ type Changelog struct {
 
 	mu     sync.Mutex
 	last   uint64 // the stream's last sequence as this writer knows it
+	// lastSeen mirrors last for Last, which must not wait for an Append
+	// in flight (it holds mu through its retries).
+	lastSeen atomic.Uint64
 	broken error  // set once an append is fenced or its outcome unknown
 
 	// Test hooks, nil in production.
@@ -175,7 +179,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Changelog, 
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("partition: writer id: %w", err)
 	}
-	return &Changelog{js: js, stream: stream, cfg: cfg, writer: hex.EncodeToString(id[:]), last: info.State.LastSeq}, nil
+	c := &Changelog{js: js, stream: stream, cfg: cfg, writer: hex.EncodeToString(id[:]), last: info.State.LastSeq}
+	c.lastSeen.Store(c.last)
+	return c, nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -184,9 +190,7 @@ func (c *Changelog) Config() Config { return c.cfg }
 // Last returns the last sequence this writer has appended or read at Open.
 // It is where a new owner's replay ends and its next write-set begins.
 func (c *Changelog) Last() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last
+	return c.lastSeen.Load()
 }
 
 // Append makes writeSet durable in the changelog (acknowledged by the
@@ -238,6 +242,7 @@ func (c *Changelog) Append(ctx context.Context, writeSet []byte) (uint64, error)
 			return 0, err
 		}
 		c.last = seq
+		c.lastSeen.Store(seq)
 	}
 	return c.last, nil
 }
