@@ -43,11 +43,11 @@ import (
 // each slot the assignment (package member) gives it:
 //
 //	owner     a slot core: what one static replica runs (Run with
-//	          --partition-owner i/N, its own Pebble in <data-dir>/slots/<i>,
+//	          --partition-owner i/N, its own Pebble in <data-dir>/slots/<i>/pebble,
 //	          restore and replay on start, the claim that fences the
 //	          previous writer, its consumer, reaper and checkpoints), its
 //	          HTTP on a loopback port that only this process calls
-//	standby   a warm copy: the same Pebble directory, caught up from the
+//	standby   a warm copy in that same Pebble directory, caught up from the
 //	          newest checkpoint and the changelog, then tailing it; promoted
 //	          by stopping the tail and starting the core on the same
 //	          directory (the replay left is what arrived meanwhile)
