@@ -236,10 +236,12 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		case err := <-m.fatal:
 			return err
 		case <-stopping:
-			m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace)
+			// --shutdown-grace bounds the whole exit: half for the handoff,
+			// half for the drain of what is left (each core's grace).
+			m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace/2)
 			m.leaving.Store(true)
 			stopping = nil
-			handoff = time.After(m.cfg.ShutdownGrace)
+			handoff = time.After(m.cfg.ShutdownGrace / 2)
 		case <-handoff:
 			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
 			return m.leave(work)
@@ -508,6 +510,7 @@ func (m *memberRun) coreConfig(s int) Config {
 	c.DataDir = m.slotDir(s)
 	c.HTTPAddr, c.APIAddr = "127.0.0.1:0", ""
 	c.OTLPEndpoint = ""
+	c.ShutdownGrace = max(m.cfg.ShutdownGrace/2, time.Second) // see run: the handoff has the other half
 	c.CacheMB = max(8, m.cfg.CacheMB/m.n)
 	c.MemTableMB = max(4, m.cfg.MemTableMB/m.n)
 	return c
