@@ -129,12 +129,12 @@ type Changelog struct {
 	cfg    Config
 	writer string // random per Open: makes message ids unique per writer
 
-	mu     sync.Mutex
-	last   uint64 // the stream's last sequence as this writer knows it
+	mu   sync.Mutex
+	last uint64 // the stream's last sequence as this writer knows it
 	// lastSeen mirrors last for Last, which must not wait for an Append
 	// in flight (it holds mu through its retries).
 	lastSeen atomic.Uint64
-	broken error  // set once an append is fenced or its outcome unknown
+	broken   error // set once an append is fenced or its outcome unknown
 
 	// Test hooks, nil in production.
 	dropAck    func(attempt int) bool      // true: discard this attempt's ack as if lost
