@@ -602,10 +602,22 @@ var requiredAlerts = []string{
 	"TelhaResultsParked",
 }
 
+// dynamicAlerts read the families only a dynamic member exports
+// (telha_partition_*): rendered with ownership.mode dynamic only.
+var dynamicAlerts = []string{
+	"TelhaSlotWithoutOwner",
+	"TelhaStandbyLagging",
+}
+
 func TestPrometheusRules(t *testing.T) {
 	anchors := runbookAnchors(t)
+	staticChecked := 0
 	for _, r := range allRenders(t) {
+		dynamic := dynamicRender(valuesOf(t, r))
 		for _, pr := range objectsOf[*monitoringv1.PrometheusRule](r) {
+			if !dynamic {
+				staticChecked++
+			}
 			t.Run(r.name, func(t *testing.T) {
 				seen := map[string]bool{}
 				for _, g := range pr.Spec.Groups {
@@ -648,6 +660,8 @@ func TestPrometheusRules(t *testing.T) {
 							t.Errorf("%s: runbook_url %q does not point into docs/RUNBOOK.md", name, u)
 						} else if !anchors[anchor] {
 							t.Errorf("%s: runbook anchor #%s is not a heading of docs/RUNBOOK.md", name, anchor)
+						} else if anchor != strings.ToLower(rule.Alert) {
+							t.Errorf("%s: runbook anchor #%s, want the alert's own section #%s", name, anchor, strings.ToLower(rule.Alert))
 						}
 						if !strings.Contains(expr, `namespace="`) && !strings.Contains(expr, "namespace=~") {
 							t.Logf("%s: expression is not scoped to a namespace: %s", name, expr)
@@ -655,14 +669,27 @@ func TestPrometheusRules(t *testing.T) {
 					}
 				}
 				if r.name == "three-replicas" {
-					for _, a := range requiredAlerts {
+					if !dynamic {
+						t.Errorf("three-replicas render is not dynamic: its dynamic-mode alerts go unchecked")
+					}
+					for _, a := range append(slices.Clone(requiredAlerts), dynamicAlerts...) {
 						if !seen[a] {
 							t.Errorf("alert %s missing", a)
 						}
 					}
 				}
+				if !dynamic {
+					for _, a := range dynamicAlerts {
+						if seen[a] {
+							t.Errorf("alert %s rendered with ownership.mode static (its metrics exist only in dynamic mode)", a)
+						}
+					}
+				}
 			})
 		}
+	}
+	if staticChecked == 0 {
+		t.Error("no static-mode render has a PrometheusRule: the absence of the dynamic-mode alerts goes unchecked")
 	}
 	if len(objectsOf[*monitoringv1.PrometheusRule](renderByName(t, "three-replicas"))) != 1 {
 		t.Fatal("three-replicas render has no PrometheusRule")

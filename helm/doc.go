@@ -27,7 +27,13 @@
 //     static without the changelog straight to dynamic, back to static
 //     only with the changelog and one replica per slot;
 //   - every alert expression and dashboard query parses as PromQL and uses
-//     only metric names the worker exports;
+//     only metric names the worker exports; every alert links its own
+//     section of docs/RUNBOOK.md (#<alert name in lower case>);
+//   - the dynamic-mode alerts (dynamic_alerts_test.go):
+//     TelhaSlotWithoutOwner and TelhaStandbyLagging with their
+//     expressions and values' for/severity/threshold, only with
+//     ownership.mode dynamic (static renders have neither, nor any rule
+//     on telha_partition_* or telha_member_*);
 //   - values.schema.json rejects unknown keys;
 //   - each optional value reaches the objects it should (options_test.go,
 //     against ci/ui-ingress-values.yaml, which turns them all on):

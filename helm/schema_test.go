@@ -125,6 +125,10 @@ func TestSchemaRejects(t *testing.T) {
 		{"fractional per-tenant limit", []string{"--set", "nats.dlqMaxPerTenant=1.5"}, ""},
 		{"GOMEMLIMIT with a unit Go does not read", []string{"--set", "goMemLimit=2G"}, ""},
 		{"unknown key in the oldest-pending alert", []string{"--set", "prometheusRule.alerts.oldestPending.age=5"}, "additional properties"},
+		{"unknown key in the standby-lag alert", []string{"--set", "prometheusRule.alerts.standbyLagging.lag=5"}, "additional properties"},
+		{"unknown key in the slot-owner alert", []string{"--set", "prometheusRule.alerts.slotWithoutOwner.threshold=0"}, "additional properties"},
+		{"standby-lag threshold not a number", []string{"--set", "prometheusRule.alerts.standbyLagging.threshold=lots"}, ""},
+		{"negative standby-lag threshold", []string{"--set", "prometheusRule.alerts.standbyLagging.threshold=-1"}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,6 +156,7 @@ func TestSchemaRejects(t *testing.T) {
 		"nats.resultsMaxBytes=512MiB,nats.dlqMaxBytes=2GB,nats.resultsMaxPerTenant=0,nats.dlqMaxPerTenant=500",
 		"goMemLimit=1500MiB",
 		"prometheusRule.enabled=true,prometheusRule.alerts.oldestPending.ageSeconds=60,prometheusRule.alerts.resultsParked.enabled=false",
+		"prometheusRule.enabled=true,prometheusRule.alerts.standbyLagging.threshold=500,prometheusRule.alerts.slotWithoutOwner.for=5m",
 	} {
 		if _, stderr, err := helm(templateArgs("--set", valid)...); err != nil {
 			t.Errorf("a valid --set %s failed: %v\n%s", valid, err, stderr)
