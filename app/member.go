@@ -71,6 +71,10 @@ const (
 	// hdrForwarded marks a read one member forwarded to another: the
 	// receiver answers it locally or waits, never forwards again.
 	hdrForwarded = "Telha-Forwarded-By"
+	// hdrNotOwner marks a 503 to a forwarded read from a member that does
+	// not own the read's slot (any more): the forwarding member routes it
+	// again instead of passing the 503 on.
+	hdrNotOwner = "Telha-Not-Owner"
 	// eraseMarker is the log data of the write-set an erase commits before
 	// it scrubs the copies (storage/durable.go); a standby that applies it
 	// compacts its copy, so the erased bytes leave its files too.
@@ -838,6 +842,14 @@ func (m *memberRun) localOwner(s int) *App {
 	return nil
 }
 
+// assignedHere: the assignment this member last read names it slot s's
+// owner (its core may still be starting).
+func (m *memberRun) assignedHere(s int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return s < len(m.assign) && m.assign[s].Owner == m.id
+}
+
 // ownerURL is the advertised URL of slot s's owner ("" unknown, or this
 // member).
 func (m *memberRun) ownerURL(s int) string {
@@ -866,6 +878,13 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			if m.proxy(w, r, "http://"+a.HTTPAddr(), false) {
 				return
 			}
+		} else if forwarded && !m.assignedHere(s) {
+			// Forwarded here, but the slot is not (or no longer) this
+			// member's: say so at once, so the member that forwarded it
+			// routes again, rather than waiting out --forward-wait here.
+			w.Header().Set(hdrNotOwner, m.id)
+			writeJSONError(w, http.StatusServiceUnavailable, fmt.Sprintf("slot %d is not owned by member %s", s, m.id))
+			return
 		} else if url := m.ownerURL(s); url != "" && !forwarded {
 			if m.proxy(w, r, url, true) {
 				return
@@ -914,6 +933,10 @@ func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, p
 		return false
 	}
 	defer resp.Body.Close()
+	if peer && resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "" {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return false // that member no longer owns the slot: route again
+	}
 	for k, vs := range resp.Header {
 		for _, v := range vs {
 			w.Header().Add(k, v)
