@@ -1039,14 +1039,11 @@ func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// loopbackRemote reports whether a request's RemoteAddr is a loopback IP.
+// loopbackRemote reports whether a request's RemoteAddr is a loopback IP
+// (loopbackHost, of --nats-listen, on its host part).
 func loopbackRemote(remote string) bool {
 	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && loopbackHost(host)
 }
 
 // applyStandby applies one write-set to a standby's copy; an erase's
