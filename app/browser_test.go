@@ -101,7 +101,17 @@ func (b *browser) record(s string) {
 // open loads a page and fails on any console error it logged.
 func (b *browser) open(path string) {
 	b.t.Helper()
-	if err := chromedp.Do(b.ctx, chromedp.Navigate(b.base+path), chromedp.WaitReady(chromedp.CSS("body"))); err != nil {
+	// A page that refreshes itself (meta refresh) may start its own
+	// navigation just as this one starts, and Chromium aborts one of
+	// them (net::ERR_ABORTED): that is the page working, so load again.
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		err = chromedp.Do(b.ctx, chromedp.Navigate(b.base+path), chromedp.WaitReady(chromedp.CSS("body")))
+		if err == nil || !strings.Contains(err.Error(), "net::ERR_ABORTED") {
+			break
+		}
+	}
+	if err != nil {
 		b.t.Fatalf("GET %s: %v", path, err)
 	}
 	b.noErrors(path)

@@ -321,13 +321,14 @@ func blockResults(t *testing.T, js jetstream.JetStream) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs == 0 {
-		t.Fatal("blockResults needs a stored result first")
-	}
+	// A result reaches a core subscriber (b.wait) before the stream
+	// has necessarily stored it: wait until the stream holds one.
+	var info *jetstream.StreamInfo
+	testnats.Eventually(t, 10*time.Second, "TELHA_RES holds a result (blockResults needs one)", func() bool {
+		var err error
+		info, err = s.Info(ctx)
+		return err == nil && info.State.Msgs > 0
+	})
 	orig := info.Config
 	blocked := orig
 	blocked.MaxMsgs, blocked.Discard = int64(info.State.Msgs), jetstream.DiscardNew
