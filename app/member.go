@@ -109,6 +109,12 @@ type memberRun struct {
 	moves     atomic.Uint64
 	fenced    atomic.Uint64
 	fatal     chan error
+	// wake: a slot run ended; the loop reconciles at once (a promotion
+	// waits for its standby's tail to stop, never under mu).
+	wake chan struct{}
+	// regFailed: when this member's last renewal failed (zero: never).
+	// Only the loop's goroutine touches it.
+	regFailed time.Time
 }
 
 // slotRun is a slot running on this member, as owner or standby.
@@ -124,7 +130,23 @@ type slotRun struct {
 	applied  atomic.Uint64       // standby: applied sequence
 	ready    atomic.Bool         // standby: tailing
 	stopping atomic.Bool
+	served   atomic.Bool // owner: it became ready once
 	started  time.Time
+}
+
+// poke wakes the member's loop.
+func (m *memberRun) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// lostClaim: a core that never served ended because its claim was fenced
+// (partition.ErrFenced): it lost a race with the previous writer, which is
+// no reason to stop the member's other slots.
+func lostClaim(err error, served bool) bool {
+	return err != nil && !served && errors.Is(err, partition.ErrFenced)
 }
 
 func (r *slotRun) exited() bool {
@@ -143,6 +165,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		pc:    member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{},
 		fatal:  make(chan error, 1),
+		wake:   make(chan struct{}, 1),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
 	}
 	return m.run(ctx)
@@ -250,6 +273,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
 			return m.leave(work)
 		case <-changed:
+		case <-m.wake:
 		case <-tick.C:
 		}
 	}
@@ -301,10 +325,16 @@ func (m *memberRun) step(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, max(m.cfg.Member.TTL/2, time.Second))
 	defer cancel()
 	if err := m.reg.Renew(sctx, m.record()); err != nil {
+		m.regFailed = time.Now()
 		return err
 	}
-	cur, members, _, err := m.reg.Step(sctx, m.id, m.pc)
+	// After this member could not reach the registry, every record may
+	// be stale for the same reason: lead again only after a whole TTL of
+	// renewals (the others have renewed by then, or are gone).
+	mayLead := m.regFailed.IsZero() || time.Since(m.regFailed) > m.cfg.Member.TTL
+	cur, members, _, err := m.reg.Step(sctx, m.id, m.pc, mayLead)
 	if err != nil {
+		m.regFailed = time.Now()
 		return err
 	}
 	m.mu.Lock()
@@ -393,10 +423,15 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 		if r != nil && r.exited() && !r.stopping.Load() {
 			// It ended on its own (an error it did not survive): start again,
 			// after a pause (a conflict only an operator settles would
-			// otherwise restart it every round).
-			m.log.Warn("member: a slot run ended; restarting it in 5 s", "slot", s, "role", r.role, "err", r.err)
+			// otherwise restart it every round). A lost claim is a race
+			// with the previous writer: it starts again sooner.
+			pause := 5 * time.Second
+			if lostClaim(r.err, r.served.Load()) {
+				pause = time.Second
+			}
+			m.log.Warn("member: a slot run ended; restarting it", "slot", s, "role", r.role, "err", r.err, "in", pause)
 			delete(m.slots, s)
-			m.restartAt[s] = time.Now().Add(5 * time.Second)
+			m.restartAt[s] = time.Now().Add(pause)
 			r = nil
 		}
 		if r == nil && time.Now().Before(m.restartAt[s]) {
@@ -424,9 +459,14 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 				}
 				continue
 			}
-			if r != nil { // a standby: promote (stop the tail, then the core)
-				m.stopRun(r, false)
-				delete(m.slots, s)
+			if r != nil {
+				// A standby: promote it. Its tail stops first (it holds the
+				// slot's Pebble); the core starts in the round its exit
+				// wakes. Never waited for here, under mu: a tail stuck in a
+				// NATS call would stop every slot of this member.
+				r.stopping.Store(true)
+				r.stop()
+				continue
 			}
 			m.slots[s] = m.startOwner(s, a.Epoch)
 		case roleStandby:
@@ -528,6 +568,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.SlotView = m.slotRows
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnReady = func(a *App) {
+		r.served.Store(true)
 		r.app.Store(a)
 		st := a.ChangelogStatus()
 		if st.ClaimSeq > 1 && !st.Seeded {
@@ -543,9 +584,17 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	}
 	m.log.Info("member: taking a slot", "slot", s, "epoch", epoch)
 	go func() {
+		defer m.poke()
 		defer close(r.done)
 		r.err = Run(ctx, m.coreConfig(s), m.log.With("slot", s), o)
 		r.app.Store(nil)
+		if lostClaim(r.err, r.served.Load()) {
+			// Another writer appended between our catch-up and our claim:
+			// the previous owner, still running. Its next append is
+			// refused; this slot run starts again (reconcile), the member
+			// does not exit for it.
+			return
+		}
 		if r.err != nil && (errors.Is(r.err, storage.ErrFatal) || errors.Is(r.err, ErrUsage)) {
 			select {
 			case m.fatal <- fmt.Errorf("slot %d: %w", s, r.err):
@@ -562,6 +611,7 @@ func (m *memberRun) startStandby(s int) *slotRun {
 	r := &slotRun{slot: s, role: roleStandby, stop: cancel, done: make(chan struct{}), started: time.Now()}
 	log := m.log.With("slot", s, "role", roleStandby)
 	go func() {
+		defer m.poke()
 		defer close(r.done)
 		for delay := time.Second; ; delay = min(2*delay, 15*time.Second) {
 			err := m.tail(ctx, s, r, log)

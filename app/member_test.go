@@ -13,8 +13,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/storage"
 )
 
 // member is a dynamic member running in this process (so -race sees the
@@ -244,5 +246,21 @@ func TestMembersInProcessHandOff(t *testing.T) {
 				t.Errorf("/metrics of m1 lacks %s", want)
 			}
 		}
+	}
+}
+
+// TestLostClaimIsNotFatal: a core whose claim was fenced before it served
+// lost a race (the slot restarts); one fenced after it served is a zombie
+// (the member exits 3).
+func TestLostClaimIsNotFatal(t *testing.T) {
+	claim := fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, fmt.Errorf("%w: partition 1 expected last sequence 184", partition.ErrFenced))
+	if !lostClaim(claim, false) {
+		t.Fatal("a fenced claim before serving is not a lost race")
+	}
+	if lostClaim(claim, true) {
+		t.Fatal("a fence after serving is a lost race; it must end the member")
+	}
+	if lostClaim(fmt.Errorf("%w: disk", storage.ErrFatal), false) || lostClaim(nil, false) {
+		t.Fatal("a fatal error other than a fence, or none, is a lost claim")
 	}
 }

@@ -1,6 +1,7 @@
 package crashtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -73,6 +74,15 @@ func newDynGroup(t *testing.T, extra ...string) (*dynGroup, *testnats.ProcCluste
 		for _, p := range procs {
 			if !p.exited() {
 				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				if t.Failed() {
+					// SIGQUIT: the Go runtime writes every goroutine's stack
+					// to the log, so a member that hung says where.
+					_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+					select {
+					case <-p.done:
+					case <-time.After(5 * time.Second):
+					}
+				}
 				_ = p.cmd.Process.Kill()
 				<-p.done
 			}
@@ -89,6 +99,9 @@ func newDynGroup(t *testing.T, extra ...string) (*dynGroup, *testnats.ProcCluste
 			}
 			for _, p := range procs {
 				b, _ := os.ReadFile(p.logPath)
+				if i := bytes.Index(b, []byte("SIGQUIT: quit")); i >= 0 {
+					b = b[:i] // the goroutine dump stays in the kept file
+				}
 				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 				if len(lines) > 60 {
 					lines = lines[len(lines)-60:]

@@ -218,11 +218,17 @@ func (r *Registry) Watch(ctx context.Context) (<-chan struct{}, error) {
 	return ch, nil
 }
 
-// Step is one round of the leader's work: if leader is the lowest live
-// member id, compute the plan and write every changed slot (compare-and-
-// set). It returns the assignment as it now stands (the plan where it was
-// written), the live members, and whether this member led.
-func (r *Registry) Step(ctx context.Context, self string, pc PlanConfig) ([]Assignment, []Member, bool, error) {
+// Step is one round of the leader's work: if self is the lowest live
+// member id and may lead, compute the plan and write every changed slot
+// (compare-and-set). It returns the assignment as it now stands (the plan
+// where it was written), the live members, and whether this member led.
+//
+// mayLead is false while the caller's own view of the registry is not to
+// be trusted: it could not reach the registry within the last TTL (a NATS
+// server lost, a leader election of the bucket). Every other member's
+// record may be stale then for the same reason, not because it died; a
+// leader judging them by it would move every slot of a healthy group.
+func (r *Registry) Step(ctx context.Context, self string, pc PlanConfig, mayLead bool) ([]Assignment, []Member, bool, error) {
 	members, err := r.Members(ctx, self)
 	if err != nil {
 		return nil, nil, false, err
@@ -231,7 +237,7 @@ func (r *Registry) Step(ctx context.Context, self string, pc PlanConfig) ([]Assi
 	if err != nil {
 		return nil, nil, false, err
 	}
-	if len(members) == 0 || members[0].ID != self {
+	if !mayLead || len(members) == 0 || members[0].ID != self {
 		return cur, members, false, nil
 	}
 	next := Plan(pc, members, cur)

@@ -52,7 +52,7 @@ func TestRegistryOneLeaderWritesOnePlan(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for round := 0; round < 5; round++ {
-				_, _, led, err := r.Step(ctx, fmt.Sprintf("m%d", i), pc)
+				_, _, led, err := r.Step(ctx, fmt.Sprintf("m%d", i), pc, true)
 				if err != nil {
 					t.Error(err)
 					return
@@ -154,5 +154,31 @@ func TestRegistryMembersJudgedByServerTime(t *testing.T) {
 	ms, err := r.Members(ctx, "a")
 	if err != nil || len(ms) != 2 {
 		t.Fatalf("with a 5 s skew: %v %v, want a and b live", ms, err)
+	}
+}
+
+// TestRegistryStepWithoutLeadWritesNothing: the lowest id that may not
+// lead (its own registry call failed within the last TTL) reads the
+// assignment and writes none of it; allowed again, it writes the plan.
+func TestRegistryStepWithoutLeadWritesNothing(t *testing.T) {
+	srv := testnats.Start(t)
+	r := openRegistry(t, srv.ClientURL(), Config{Slots: 2, Replicas: 1, TTL: 5 * time.Second})
+	pc := PlanConfig{Slots: 2, Standbys: 1, MaxLag: 10}
+	ctx := context.Background()
+	if err := r.Renew(ctx, Member{ID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	cur, members, led, err := r.Step(ctx, "a", pc, false)
+	if err != nil || led || len(members) != 1 {
+		t.Fatalf("Step without lead: led %v, %d members, %v", led, len(members), err)
+	}
+	for _, a := range cur {
+		if a.Owner != "" {
+			t.Fatalf("Step without lead assigned slot %d to %q", a.Slot, a.Owner)
+		}
+	}
+	cur, _, led, err = r.Step(ctx, "a", pc, true)
+	if err != nil || !led || cur[0].Owner != "a" || cur[1].Owner != "a" {
+		t.Fatalf("Step with lead: led %v, %+v, %v", led, cur, err)
 	}
 }

@@ -71,6 +71,11 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 	cons, err := c.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:   fromSeq,
+		// The client recreates an ordered consumer after a gap or a lost
+		// server, retrying without end by default, inside Next and
+		// deaf to its context. Bounded, Next fails and our caller
+		// starts again from what it applied.
+		MaxResetAttempts: 3,
 	})
 	if err != nil {
 		return fmt.Errorf("partition %d: changelog reader: %w", c.cfg.Partition, err)
@@ -81,11 +86,41 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 	if err != nil {
 		return fmt.Errorf("partition %d: changelog reader: %w", c.cfg.Partition, err)
 	}
-	defer it.Stop()
+	// Next runs in its own goroutine so that read returns as soon as ctx
+	// ends, even while the client recreates its consumer (above): a
+	// standby being promoted must not wait for a NATS call to give up.
+	// The goroutine ends when Next returns (MaxResetAttempts bounds it).
+	type delivery struct {
+		msg jetstream.Msg
+		err error
+	}
+	deliveries := make(chan delivery)
+	rctx, stopReader := context.WithCancel(ctx) // ends with read
+	defer stopReader()
+	go func() {
+		defer it.Stop()
+		for {
+			msg, err := it.Next(jetstream.NextContext(rctx))
+			select {
+			case deliveries <- delivery{msg, err}:
+			case <-rctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	var asm assembler
 	next := fromSeq
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		var d delivery
+		select {
+		case d = <-deliveries:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		msg, err := d.msg, d.err
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
