@@ -250,14 +250,28 @@ func (w *Worker) RunUntil(ctx, work context.Context) error {
 		inMu.Unlock()
 	}()
 
+	// Three stages, each its own goroutine: this loop groups and applies;
+	// the next publishes each group's results (asynchronously) and dead
+	// letters; the last waits for the results' acknowledgements and acks
+	// the requests. A group's results go out while the one before waits
+	// for its acknowledgements: one round trip to the results stream per
+	// group, in series, was most of a small request's latency beside a
+	// super-node cascade (docs/BENCHMARKS.md, "mixed").
 	groups := make(chan []*item, 2)
+	answering := make(chan *answers, 8)
 	finished := make(chan struct{})
 	go func() {
-		defer close(finished)
+		defer close(answering)
 		for g := range groups {
-			w.finish(work, g)
+			answering <- w.finish(work, g)
+		}
+	}()
+	go func() {
+		defer close(finished)
+		for a := range answering {
+			w.settle(a)
 			n := 0
-			for _, it := range g {
+			for _, it := range a.items {
 				n += len(it.msg.Data())
 			}
 			held.release(n)
@@ -546,11 +560,27 @@ func (w *Worker) keepAlive(msgs []jetstream.Msg) func() {
 	return func() { close(done); wg.Wait() }
 }
 
-// finish publishes dead letters and results, then acks, terminates or naks
-// each message of a group. work is RunUntil's.
-func (w *Worker) finish(work context.Context, items []*item) {
+// answers is a group whose results are published and whose messages
+// wait for those results' acknowledgements (settle).
+type answers struct {
+	items  []*item
+	pubs   []pendingResult
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+type pendingResult struct {
+	it  *item
+	fut jetstream.PubAckFuture
+	res Result
+}
+
+// finish publishes a group's dead letters and results (the results
+// asynchronously) and acks, terminates or naks each message that needs no
+// result; settle acks the rest once their results are acknowledged. work
+// is RunUntil's.
+func (w *Worker) finish(work context.Context, items []*item) *answers {
 	ctx, cancel := context.WithTimeout(work, 30*time.Second)
-	defer cancel()
 	defer func() {
 		var marked []*item
 		for _, it := range items {
@@ -560,12 +590,7 @@ func (w *Worker) finish(work context.Context, items []*item) {
 		}
 		w.clearMarkers(context.WithoutCancel(work), marked) // see applyGuarded
 	}()
-	type pending struct {
-		it  *item
-		fut jetstream.PubAckFuture
-		res Result
-	}
-	var pubs []pending
+	a := &answers{items: items, ctx: ctx, cancel: cancel}
 	for _, it := range items {
 		switch {
 		case it.rej != nil:
@@ -623,10 +648,19 @@ func (w *Worker) finish(work context.Context, items []*item) {
 				_ = it.msg.NakWithDelay(time.Second)
 				continue
 			}
-			pubs = append(pubs, pending{it, fut, res})
+			a.pubs = append(a.pubs, pendingResult{it, fut, res})
 		}
 	}
-	for _, p := range pubs {
+	return a
+}
+
+// settle waits for the acknowledgement of each result of a and acks its
+// request (naks it, to come again, when the results stream refused it or
+// did not answer within 30 s of finish).
+func (w *Worker) settle(a *answers) {
+	defer a.cancel()
+	ctx := a.ctx
+	for _, p := range a.pubs {
 		select {
 		case <-p.fut.Ok():
 			w.log.Debug("request answered", "tenant", p.res.Tenant, "request_id", p.res.RequestID, "op", p.res.Op, "id", p.res.ID,

@@ -120,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	scaling10M := fs.Bool("scaling-10m", false, "add a 10,000,000-edge hub to the scaling phase (minutes, and a few GB of disk)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
-	fs.StringVar(&o.profileDir, "profile-dir", "", "write pprof CPU and allocs profiles of the small, pipeline and hub runs here")
+	fs.StringVar(&o.profileDir, "profile-dir", "", "write pprof CPU and allocs profiles of the small, pipeline, mixed and hub runs here, and mixed.trace (a 3 s runtime trace in the middle of the mixed phase's cascade)")
 	fs.BoolVar(&o.workerLog, "worker-log", false, "echo the worker's log (info and up) to stderr")
 	fs.DurationVar(&o.waitIdle, "wait-idle", 0, "before each measured phase, wait up to this long for other processes to use < 0.2 cores")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the small saturation run to this file")

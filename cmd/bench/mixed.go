@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
@@ -172,6 +173,31 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 			return
 		}
 		hubSent <- at
+		if o.profileDir == "" {
+			return
+		}
+		// A runtime trace of 3 s in the cascade's middle: where a small
+		// request's time goes (scheduling, the writer, NATS).
+		select {
+		case <-time.After(4 * time.Second):
+		case <-ctx.Done():
+			return
+		}
+		f, err := os.Create(filepath.Join(o.profileDir, "mixed.trace"))
+		if err != nil {
+			pg.printf("mixed: trace: %v", err)
+			return
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			pg.printf("mixed: trace: %v", err)
+			return
+		}
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		trace.Stop()
 	}()
 	run, err := d.run(ctx, "mixed", specs, load{rate: o.lightRate}, 120*time.Second)
 	if perr := prof.stop(); perr != nil && err == nil {
