@@ -143,6 +143,7 @@ func (g *dynGroup) startWith(id, dir string, mode []string) *memberProc {
 		g.t.Fatal(err)
 	}
 	p.cmd = exec.Command(g.bin, args...)
+	testnats.DieWithParent(p.cmd)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.Env = childEnv()
 	if err := p.cmd.Start(); err != nil {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/telha/telha-cascade/internal/testnats"
 )
 
 // buildWorker builds cmd/worker (without -race) into dir and returns the
@@ -91,6 +93,7 @@ func (w *workerRunner) start() *workerProc {
 		w.t.Fatal(err)
 	}
 	cmd := exec.Command(w.bin, w.args...)
+	testnats.DieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = childEnv()
 	if err := cmd.Start(); err != nil {

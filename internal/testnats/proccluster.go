@@ -93,6 +93,7 @@ cluster { name: telha-test, host: %s, port: %s, routes: [%s] }
 func (c *ProcCluster) start(p *ServerProc) {
 	c.t.Helper()
 	cmd := exec.Command(c.bin, p.args...)
+	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start nats-server %s: %v", p.Name, err)
 	}
