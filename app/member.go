@@ -149,6 +149,12 @@ func lostClaim(err error, served bool) bool {
 	return err != nil && !served && errors.Is(err, partition.ErrFenced)
 }
 
+// halt asks r to stop (it is stopping from now on) and does not wait.
+func (r *slotRun) halt() {
+	r.stopping.Store(true)
+	r.stop()
+}
+
 func (r *slotRun) exited() bool {
 	select {
 	case <-r.done:
@@ -464,8 +470,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 				// slot's Pebble); the core starts in the round its exit
 				// wakes. Never waited for here, under mu: a tail stuck in a
 				// NATS call would stop every slot of this member.
-				r.stopping.Store(true)
-				r.stop()
+				r.halt()
 				continue
 			}
 			m.slots[s] = m.startOwner(s, a.Epoch)
@@ -493,8 +498,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 // stopRun stops r: a standby at once; an owner's core drains (up to
 // --shutdown-grace), in the background when async.
 func (m *memberRun) stopRun(r *slotRun, async bool) {
-	r.stopping.Store(true)
-	r.stop()
+	r.halt()
 	if async {
 		m.log.Info("member: handing a slot off: draining its core", "slot", r.slot)
 		return
@@ -532,8 +536,7 @@ func (m *memberRun) stopAll() {
 	}
 	m.mu.Unlock()
 	for _, r := range runs {
-		r.stopping.Store(true)
-		r.stop()
+		r.halt()
 	}
 	for _, r := range runs {
 		<-r.done

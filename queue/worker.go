@@ -258,7 +258,7 @@ func (w *Worker) RunUntil(ctx, work context.Context) error {
 	// group, in series, was most of a small request's latency beside a
 	// super-node cascade (docs/BENCHMARKS.md, "mixed").
 	groups := make(chan []*item, 2)
-	answering := make(chan *answers, 8)
+	answering := make(chan *answers, answeringDepth(w.cfg.GroupMax))
 	finished := make(chan struct{})
 	go func() {
 		defer close(answering)
@@ -558,6 +558,18 @@ func (w *Worker) keepAlive(msgs []jetstream.Msg) func() {
 		}
 	}()
 	return func() { close(done); wg.Wait() }
+}
+
+// maxAsyncResults is nats.go's default bound on asynchronous publishes
+// awaiting their acknowledgement (jetstream.WithPublishAsyncMaxPending):
+// beyond it a publish stalls for 200 ms, then fails.
+const maxAsyncResults = 4000
+
+// answeringDepth is how many published groups may wait for settle beyond
+// the one being settled and the one being published: as many as keep
+// their results (groupMax each at most) under maxAsyncResults, at most 8.
+func answeringDepth(groupMax int) int {
+	return min(8, max(0, maxAsyncResults/max(groupMax, 1)-2))
 }
 
 // answers is a group whose results are published and whose messages
