@@ -80,14 +80,56 @@ type Sizes struct {
 	MemTableBytes uint64
 }
 
-// tune sets the options the store relies on: bloom filters (a receipt
-// lookup for a new request id misses in every level; the filter answers
-// without reading a block), the block cache and the memtable size.
+// tune sets the options the store relies on: the comparer and bloom
+// filters on its entity prefixes (below), the block cache and the memtable
+// size.
 func tune(opts *pebble.Options, sz Sizes) {
 	opts.MemTableSize = sz.MemTableBytes
+	opts.Comparer = Comparer
 	for i := range opts.Levels {
-		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		opts.Levels[i].FilterPolicy = EntityBloom
 	}
+}
+
+// Comparer is the store's key order: Pebble's bytewise comparer, under its
+// own name, with EntitySplit as its Split. The order and the name are what
+// a Pebble store records and checks at open, and neither differs from
+// Pebble's default, so any Pebble build (an older telha-cascade, a tool, a
+// checkpoint opened read-only) still opens the store and reads it right.
+// The Split only decides what the bloom filters hold (EntityBloom) and what
+// a prefix iteration (SeekPrefixGE) covers.
+var Comparer = func() *pebble.Comparer {
+	c := *pebble.DefaultComparer
+	c.Split = EntitySplit
+	return &c
+}()
+
+// EntityBloom is the store's filter policy: Pebble's bloom filter (10 bits
+// a key, about 1 % false positives) over EntitySplit prefixes, so a read of
+// one entity's versions or one node's adjacency skips every table that
+// holds nothing of it, and a receipt lookup for a new request id (a meta
+// key, whole key as prefix) skips every table but the last level's.
+//
+// It has a name of its own because its filters hold other keys than the
+// ones Pebble's bloom filter holds under its name
+// ("rocksdb.BuiltinBloomFilter", the whole key): a table keeps the name of
+// the policy that built its filter, and a reader uses a table's filter only
+// under a policy of that name. So tables written before (whole-key filters)
+// are read here without their filter until a compaction rewrites them, and
+// an older build or a tool reads these tables without theirs: slower for a
+// while, never wrong (TestStoreFiltersAcrossBuilds).
+var EntityBloom pebble.FilterPolicy = entityBloom{}
+
+type entityBloom struct{}
+
+func (entityBloom) Name() string { return "telha.entity-bloom.v1" }
+
+func (entityBloom) MayContain(ft pebble.FilterType, filter, key []byte) bool {
+	return bloom.FilterPolicy(10).MayContain(ft, filter, key)
+}
+
+func (entityBloom) NewWriter(ft pebble.FilterType) pebble.FilterWriter {
+	return bloom.FilterPolicy(10).NewWriter(ft)
 }
 
 // noRecycleCleaner deletes obsolete files, like Pebble's default cleaner,
@@ -152,6 +194,11 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 	tune(opts, sizes)
 	if adjust != nil {
 		adjust(opts)
+		if opts.Comparer != Comparer {
+			// The reads iterate entity prefixes (scanPrefix): under another
+			// Split they would find nothing.
+			return nil, fmt.Errorf("%w: open pebble at %s: the options may not replace the store's comparer", ErrStorage, dir)
+		}
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {

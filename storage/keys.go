@@ -279,6 +279,32 @@ func TenantRange(space byte, s Scope) (lower, upper []byte) {
 	return p, PrefixEnd(p)
 }
 
+// EntitySplit is the store's Pebble Split: the prefix of a version key
+// (0x01, 0x02) or an adjacency key (0x03, 0x04) is its keyspace, tenant and
+// entity (keyspace | T | id), everything after it the suffix; any other
+// key, or one too short to hold that prefix, is all prefix. Bloom filters
+// are built on these prefixes, so a read of one entity's versions or one
+// node's adjacency (a prefix iteration) skips every table that holds
+// nothing of it.
+//
+// Pebble's rules for a Split hold (TestEntitySplitIsAValidSplit): within a
+// keyspace and tenant every full-length key has the same prefix length,
+// and two tenants' keys differ inside the tenant bytes (or in the length
+// byte), so ordering by prefix first and then by suffix is plain bytewise
+// order.
+func EntitySplit(k []byte) int {
+	if len(k) < 2 {
+		return len(k)
+	}
+	switch k[0] {
+	case ksNode, ksEdge, ksAdjOut, ksAdjIn:
+		if n := 2 + int(k[1]) + 16; n <= len(k) {
+			return n
+		}
+	}
+	return len(k)
+}
+
 // PrefixEnd returns the smallest key greater than every key with prefix p, or
 // nil if there is none (p is all 0xff).
 func PrefixEnd(p []byte) []byte {

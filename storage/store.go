@@ -587,7 +587,13 @@ func scan(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error {
 	if err != nil {
 		return err
 	}
-	for ok := it.First(); ok; ok = it.Next() {
+	return walk(it, done, it.First(), fn)
+}
+
+// walk calls fn for the iterator's current key (ok: it has one) and every key after
+// it, then releases it with done.
+func walk(it *pebble.Iterator, done func() error, ok bool, fn func(k, v []byte) error) error {
+	for ; ok; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
 			_ = done()
@@ -602,6 +608,28 @@ func scan(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error {
 		return fmt.Errorf("%w: iterate: %w", ErrStorage, err)
 	}
 	return nil
+}
+
+// scanPrefix calls fn for every key with prefix p in order, in a prefix
+// iteration: Pebble consults only the tables whose bloom filter may hold
+// p (and the memtables and batch), instead of seeking every level. p must
+// be a whole EntitySplit prefix. The slices are only valid during the call.
+func scanPrefix(r pebble.Reader, p []byte, fn func(k, v []byte) error) error {
+	it, done, err := openPrefixIter(r, p)
+	if err != nil {
+		return err
+	}
+	return walk(it, done, it.SeekPrefixGE(p), fn)
+}
+
+// openPrefixIter opens an iterator over the keys with prefix p, a whole
+// EntitySplit prefix (a programming error otherwise: a prefix iteration
+// with a shorter key would find nothing).
+func openPrefixIter(r pebble.Reader, p []byte) (*pebble.Iterator, func() error, error) {
+	if EntitySplit(p) != len(p) {
+		panic(fmt.Sprintf("storage: %x is not an entity prefix", p))
+	}
+	return openIter(r, p, PrefixEnd(p))
 }
 
 // iterPool is a reader that lends out one reusable iterator (a
