@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/telha/telha-cascade/app"
 )
 
 type options struct {
@@ -50,6 +52,10 @@ type options struct {
 }
 
 func main() {
+	// The worker's runtime setting (cmd/worker does the same): every phase
+	// runs in this process (or a child that comes here too), so the raw
+	// limits are measured with it as well.
+	app.SetProcs(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))

@@ -250,7 +250,7 @@ func printTable(w io.Writer, r *Report) {
 		mod = " (modified)"
 	}
 	fmt.Fprintf(w, "telha-cascade bench (%s) — revision %s%s, %s\n", mode, r.Revision, mod, r.Date)
-	fmt.Fprintf(w, "%s, %d CPUs, %d MB, %s, %s\n\n", r.Machine.CPU, r.Machine.CPUs, r.Machine.MemMB, r.Machine.Go, r.Machine.Kernel)
+	fmt.Fprintf(w, "%s, %d CPUs (GOMAXPROCS %d), %d MB, %s, %s\n\n", r.Machine.CPU, r.Machine.CPUs, r.Machine.GOMAXPROC, r.Machine.MemMB, r.Machine.Go, r.Machine.Kernel)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "phase\treq/s\tp50 ms\tp99 ms\trequests\tmsgs/commit\tputs/msg\tbytes/put\tcommit ms\tin commit\tcpu cores (others)\tcompacted MB")
 	row := func(name string, rr *RateReport) {
