@@ -57,6 +57,9 @@ type childResult struct {
 	// batches (allocated outside the Go heap).
 	PeakGoHeapMB    float64 `json:"peak_go_heap_mb"`
 	PeakMemtablesMB float64 `json:"peak_pebble_memtables_mb"`
+	// PeakBlockCacheMB is the block cache's size (allocated outside the Go
+	// heap, like the memtables), sampled with them.
+	PeakBlockCacheMB float64 `json:"peak_pebble_block_cache_mb"`
 }
 
 // procStatus reads VmRSS and VmHWM (bytes) from /proc/self/status.
@@ -128,6 +131,7 @@ type peakSampler struct {
 	done   chan struct{}
 	heap   uint64
 	memtab uint64
+	cache  int64
 }
 
 // startPeakSampler starts sampling; with heapFile set it also writes the
@@ -155,6 +159,7 @@ func startPeakSampler(db pebbleMetrics, heapFile string) *peakSampler {
 			if db != nil && i%5 == 0 {
 				m := db.Metrics()
 				p.memtab = max(p.memtab, m.MemTable.Size+m.MemTable.ZombieSize)
+				p.cache = max(p.cache, m.BlockCache.Size)
 			}
 			select {
 			case <-p.stop:
@@ -166,10 +171,10 @@ func startPeakSampler(db pebbleMetrics, heapFile string) *peakSampler {
 	return p
 }
 
-func (p *peakSampler) finish() (heapMB, memtableMB float64) {
+func (p *peakSampler) finish() (heapMB, memtableMB, cacheMB float64) {
 	close(p.stop)
 	<-p.done
-	return mbOf(int64(p.heap)), mbOf(int64(p.memtab))
+	return mbOf(int64(p.heap)), mbOf(int64(p.memtab)), mbOf(p.cache)
 }
 
 type pebbleMetrics interface{ Metrics() *pebble.Metrics }
@@ -199,7 +204,7 @@ func measure(res *childResult, prof *profiler, db pebbleMetrics, fn func() error
 	t0 := time.Now()
 	err = fn()
 	res.Seconds = round3(time.Since(t0).Seconds())
-	res.PeakGoHeapMB, res.PeakMemtablesMB = ps.finish()
+	res.PeakGoHeapMB, res.PeakMemtablesMB, res.PeakBlockCacheMB = ps.finish()
 	res.CPU = cpuSince(cpu0, runtime.NumCPU())
 	if perr := prof.stop(); perr != nil && err == nil {
 		err = perr
@@ -488,6 +493,11 @@ type ScalingRow struct {
 	PeakGoHeapMB     float64 `json:"peak_go_heap_mb"`
 	GoAllocMB        float64 `json:"go_total_alloc_mb"`
 	Commits          int64   `json:"commits"`
+	// Pebble's memory outside the Go heap, sampled every 100 ms: what of
+	// the RSS growth is bounded by --pebble-memtable-mb and
+	// --pebble-cache-mb.
+	PeakMemtablesMB  float64 `json:"peak_pebble_memtables_mb"`
+	PeakBlockCacheMB float64 `json:"peak_pebble_block_cache_mb"`
 }
 
 // runScaling runs the hub and raw children once for each size.
@@ -506,13 +516,14 @@ func runScaling(ctx context.Context, o *options, pg progress, root string, rep *
 			return err
 		}
 		row := ScalingRow{Edges: n, Seconds: h.Seconds, RawPebbleSeconds: r.Seconds, PeakRSSGrowthMB: h.GrowthMB,
-			PeakGoHeapMB: h.PeakGoHeapMB, GoAllocMB: h.HeapAllocMB, Commits: h.Commits}
+			PeakGoHeapMB: h.PeakGoHeapMB, GoAllocMB: h.HeapAllocMB, Commits: h.Commits,
+			PeakMemtablesMB: h.PeakMemtablesMB, PeakBlockCacheMB: h.PeakBlockCacheMB}
 		if r.Seconds > 0 {
 			row.VsRaw = round3(h.Seconds / r.Seconds)
 		}
 		rep.Scaling = append(rep.Scaling, row)
-		pg.printf("scaling: %d edges: %.2fs (raw Pebble %.2fs, %.2fx), peak RSS growth %.0f MB, peak Go heap %.0f MB",
-			n, row.Seconds, row.RawPebbleSeconds, row.VsRaw, row.PeakRSSGrowthMB, row.PeakGoHeapMB)
+		pg.printf("scaling: %d edges: %.2fs (raw Pebble %.2fs, %.2fx), peak RSS growth %.0f MB, peak Go heap %.0f MB, peak memtables %.0f MB, peak block cache %.0f MB",
+			n, row.Seconds, row.RawPebbleSeconds, row.VsRaw, row.PeakRSSGrowthMB, row.PeakGoHeapMB, row.PeakMemtablesMB, row.PeakBlockCacheMB)
 	}
 	return nil
 }

@@ -323,10 +323,10 @@ func printTable(w io.Writer, r *Report) {
 	if len(r.Scaling) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "scaling: hub edges\tseconds\traw Pebble seconds\tx raw\tpeak RSS growth MB\tpeak Go heap MB\tGo alloc MB\tsynced commits")
+		fmt.Fprintln(tw, "scaling: hub edges\tseconds\traw Pebble seconds\tx raw\tpeak RSS growth MB\tpeak Go heap MB\tpeak memtables MB\tpeak block cache MB\tGo alloc MB\tsynced commits")
 		for _, row := range r.Scaling {
-			fmt.Fprintf(tw, "%d\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%d\n", row.Edges, row.Seconds, row.RawPebbleSeconds, row.VsRaw,
-				row.PeakRSSGrowthMB, row.PeakGoHeapMB, row.GoAllocMB, row.Commits)
+			fmt.Fprintf(tw, "%d\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\n", row.Edges, row.Seconds, row.RawPebbleSeconds, row.VsRaw,
+				row.PeakRSSGrowthMB, row.PeakGoHeapMB, row.PeakMemtablesMB, row.PeakBlockCacheMB, row.GoAllocMB, row.Commits)
 		}
 		tw.Flush()
 	}
