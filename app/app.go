@@ -475,6 +475,12 @@ func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
 			}
 		},
 		Finished: next.Finished,
+		Applying: func(e *storage.JournalEntry, applying bool) {
+			boostProcs(applying)
+			if next.Applying != nil {
+				next.Applying(e, applying)
+			}
+		},
 		OutboxParked: func(tenant, requestID string, err error) {
 			a.metrics.ResultParked()
 			if next.OutboxParked != nil {

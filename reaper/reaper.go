@@ -85,6 +85,10 @@ type Hooks struct {
 	// Finished fires when an attempt at a journal ends: err nil (the
 	// journal is removed and its receipt rc stored), or why it stopped.
 	Finished func(e *storage.JournalEntry, rc storage.Receipt, err error)
+	// Applying fires with true when an attempt has an applier slot and
+	// starts applying journal e, and with false when that attempt ends
+	// (the worker runs spare Go processors while a cascade is applied).
+	Applying func(e *storage.JournalEntry, applying bool)
 	// Published fires once per result published from the outbox.
 	Published func(tenant string, rc storage.Receipt)
 	// Stalled fires when the watchdog abandons an attempt that made no
@@ -542,6 +546,10 @@ func (s *Service) attempt(j *journal) {
 	if err = acquire(ctx); err != nil {
 		err = fmt.Errorf("waiting for an applier: %w", err)
 		return
+	}
+	if s.cfg.Hooks.Applying != nil {
+		s.cfg.Hooks.Applying(e, true)
+		defer s.cfg.Hooks.Applying(e, false)
 	}
 	began := time.Now()
 	s.cfg.Logger.Info("cascade journal applying", "tenant", e.Scope.Tenant(), "request_id", e.J.Prov.RequestID, "node", e.J.NodeID, "tx", e.J.Tx.String())

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,8 +219,17 @@ func TestHandOffAppliesAndPublishes(t *testing.T) {
 func TestFailedJournalIsRetriedByTheScheduledPass(t *testing.T) {
 	runs := make(chan RunResult, 64)
 	finished := make(chan error, 8)
+	var applying, attempts atomic.Int64 // attempts applying now, and started
 	w := newWorld(t, Config{Schedule: "@every 1s", RetryBackoff: time.Minute,
-		Hooks: Hooks{Run: func(res RunResult) { runs <- res }, Finished: func(_ *storage.JournalEntry, _ storage.Receipt, err error) { finished <- err }}})
+		Hooks: Hooks{Run: func(res RunResult) { runs <- res }, Finished: func(_ *storage.JournalEntry, _ storage.Receipt, err error) { finished <- err },
+			Applying: func(_ *storage.JournalEntry, on bool) {
+				if on {
+					attempts.Add(1)
+					applying.Add(1)
+				} else if applying.Add(-1) < 0 {
+					t.Error("Applying(false) without Applying(true)")
+				}
+			}}})
 	w.svc.Start()
 	h := w.hub(5)
 	w.fault.CrashAfter(w.fault.Calls() + 1) // the journal lands, its first chunk fails
@@ -242,6 +252,12 @@ func TestFailedJournalIsRetriedByTheScheduledPass(t *testing.T) {
 					t.Fatal("resumed but not finished")
 				}
 				testnats.Eventually(t, 20*time.Second, "the result", func() bool { _, ok := w.pub.result("del-2"); return ok })
+				// Both attempts, the failed one too, said when they began
+				// and ended applying.
+				testnats.Eventually(t, 20*time.Second, "no attempt applying", func() bool { return applying.Load() == 0 })
+				if n := attempts.Load(); n != 2 {
+					t.Fatalf("%d attempts began applying, want 2", n)
+				}
 				return
 			}
 		case <-deadline:

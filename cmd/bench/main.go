@@ -51,11 +51,15 @@ type options struct {
 	hubChild string // "hub" or "raw"
 }
 
+// The worker's Go processors, without and while a journaled cascade is
+// applied (app.SetProcs).
+var procsBase, procsCascading int
+
 func main() {
-	// The worker's runtime setting (cmd/worker does the same): every phase
+	// The worker's runtime setting (cmd/worker makes the same): every phase
 	// runs in this process (or a child that comes here too), so the raw
 	// limits are measured with it as well.
-	app.SetProcs(os.Getenv)
+	procsBase, procsCascading, _ = app.SetProcs(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))

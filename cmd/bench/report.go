@@ -128,13 +128,16 @@ type benchConfig struct {
 }
 
 type machine struct {
-	CPUs      int    `json:"cpus"`
-	GOMAXPROC int    `json:"gomaxprocs"`
-	CPU       string `json:"cpu"`
-	MemMB     int64  `json:"mem_mb"`
-	Kernel    string `json:"kernel"`
-	Go        string `json:"go"`
-	OS        string `json:"os"`
+	CPUs      int `json:"cpus"`
+	GOMAXPROC int `json:"gomaxprocs"`
+	// GOMAXPROCSCascading is the worker's while a journaled cascade is
+	// applied (app.SetProcs).
+	GOMAXPROCSCascading int    `json:"gomaxprocs_cascading"`
+	CPU                 string `json:"cpu"`
+	MemMB               int64  `json:"mem_mb"`
+	Kernel              string `json:"kernel"`
+	Go                  string `json:"go"`
+	OS                  string `json:"os"`
 }
 
 func newReport(o *options) *Report {
@@ -147,7 +150,7 @@ func newReport(o *options) *Report {
 			Mix:      "50% tombstone_edge, 50% tombstone_node with 0..8 edges (4 on average)",
 			GroupMax: 512, MaxBatchOps: 100_000, ProfileDir: o.profileDir,
 		},
-		Machine: machine{CPUs: runtime.NumCPU(), GOMAXPROC: runtime.GOMAXPROCS(0), CPU: cpuModel(), MemMB: memMB(), Kernel: kernel(), Go: gov, OS: runtime.GOOS + "/" + runtime.GOARCH},
+		Machine: machine{CPUs: runtime.NumCPU(), GOMAXPROC: procsBase, GOMAXPROCSCascading: procsCascading, CPU: cpuModel(), MemMB: memMB(), Kernel: kernel(), Go: gov, OS: runtime.GOOS + "/" + runtime.GOARCH},
 	}
 	if o.phases["small"] {
 		r.Small = &SmallReport{}
@@ -250,7 +253,7 @@ func printTable(w io.Writer, r *Report) {
 		mod = " (modified)"
 	}
 	fmt.Fprintf(w, "telha-cascade bench (%s) — revision %s%s, %s\n", mode, r.Revision, mod, r.Date)
-	fmt.Fprintf(w, "%s, %d CPUs (GOMAXPROCS %d), %d MB, %s, %s\n\n", r.Machine.CPU, r.Machine.CPUs, r.Machine.GOMAXPROC, r.Machine.MemMB, r.Machine.Go, r.Machine.Kernel)
+	fmt.Fprintf(w, "%s, %d CPUs (GOMAXPROCS %d, %d while a journal is applied), %d MB, %s, %s\n\n", r.Machine.CPU, r.Machine.CPUs, r.Machine.GOMAXPROC, r.Machine.GOMAXPROCSCascading, r.Machine.MemMB, r.Machine.Go, r.Machine.Kernel)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "phase\treq/s\tp50 ms\tp99 ms\trequests\tmsgs/commit\tputs/msg\tbytes/put\tcommit ms\tin commit\tcpu cores (others)\tcompacted MB")
 	row := func(name string, rr *RateReport) {

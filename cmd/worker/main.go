@@ -48,8 +48,8 @@ func run() int {
 		app.Build.Revision = revision
 	}
 	log := app.NewLogger(cfg, os.Stderr)
-	procs, why := app.SetProcs(os.Getenv)
-	log.Info("scheduler", "gomaxprocs", procs, "cpus", runtime.NumCPU(), "why", why)
+	procs, boosted, why := app.SetProcs(os.Getenv)
+	log.Info("scheduler", "gomaxprocs", procs, "while_cascading", boosted, "cpus", runtime.NumCPU(), "why", why)
 	for _, k := range app.UnknownEnv(os.Environ()) {
 		log.Warn("environment variable names no flag; ignored (a typo?)", "name", k)
 	}
