@@ -476,7 +476,7 @@ func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
 		},
 		Finished: next.Finished,
 		Applying: func(e *storage.JournalEntry, applying bool) {
-			boostProcs(applying)
+			Applying(applying)
 			if next.Applying != nil {
 				next.Applying(e, applying)
 			}

@@ -3,76 +3,116 @@ package app
 import (
 	"runtime"
 	"sync"
+	"time"
+
+	"github.com/telha/telha-cascade/storage"
 )
 
-// BackgroundProcs is how many Go processors (GOMAXPROCS) the worker adds
-// to the machine's CPUs while a journaled cascade is applied: one for each
-// of the jobs that then compute for long stretches without blocking (the
-// cascade's applier, Pebble's flush and its compaction share them with
-// the request path).
+// While a journaled cascade is applied, the worker process runs
+// differently in two ways (DECISIONS 71 and 72), both undone when the last
+// cascade in the process ends.
 //
-// Why more Ps than CPUs then: a small request crosses about eight
-// goroutines between its message and its result (the NATS server's, the
-// consumer's, the group's, the writer's, the publisher's). When every P
-// runs a compaction, a flush or a super-node's applier, each woken
-// goroutine waits for one of them to block or to be preempted, up to 10 ms
-// each time. With a spare P it runs on a thread of its own and the
-// kernel's scheduler, which preempts within a millisecond, shares the
-// CPUs. Why only then: idle spare Ps spin looking for work, which costs a
-// saturated worker about a tenth of its CPU (docs/BENCHMARKS.md,
-// "Scheduling and prefix reads"; DECISIONS 71).
-const BackgroundProcs = 2
+// More Go processors. BackgroundProcs is how many Ps (GOMAXPROCS) it adds
+// to the machine's CPUs: one for each of the jobs that then compute for
+// long stretches without blocking (the cascade's applier, Pebble's flush
+// and its compaction share them with the request path). A small request
+// crosses about eight goroutines between its message and its result (the
+// NATS server's, the consumer's, the group's, the writer's, the
+// publisher's). When every P runs one of those jobs, each woken goroutine
+// waits for one of them to block or to be preempted, up to 10 ms each
+// time. With a spare P it runs on a thread of its own and the kernel's
+// scheduler, which preempts within a millisecond, shares the CPUs. Only
+// while cascading, because idle spare Ps spin looking for work, which
+// costs a saturated worker about a tenth of its CPU.
+//
+// The C heap trimmed every TrimEvery (storage.TrimMalloc): the cascade
+// churns Pebble's block cache, whose blocks come from C's malloc, and the
+// freed ones stay in the process's pages. (Nothing to do without cgo.)
+const (
+	BackgroundProcs = 2
+	TrimEvery       = 200 * time.Millisecond
+)
 
-// procs is the process's boost: while boosts > 0 the runtime has boosted
-// Ps, otherwise base. base is 0 until SetProcs allows boosting.
-var procs struct {
+// cascading is the process's state: n cascades are being applied; while n
+// > 0 the runtime has boosted Ps and the trimmer runs. Nothing changes
+// until SetProcs has said what may.
+var cascading struct {
 	mu            sync.Mutex
-	base, boosted int
-	boosts        int
+	set           bool // SetProcs was called
+	base, boosted int  // GOMAXPROCS without and while cascading (equal: no boost)
+	n             int
+	stopTrim      chan struct{}
 }
 
-// SetProcs decides whether the process may run spare Ps while a cascade is
-// applied (boostProcs), and says what it decided and why: it may unless
-// GOMAXPROCS is set in the environment (the operator's choice stands) or
-// the runtime's default is below the CPU count, which means a CPU limit (a
-// container's cgroup quota): more threads than the quota would spend it
-// early in each 100 ms period and be throttled for the rest, a worse stall
-// than the one spare Ps avoid. Call it once, at the start of main; a
-// process that never calls it (tests running workers in-process) keeps
-// its Ps as they are.
+// SetProcs decides how the process runs while a cascade is applied
+// (Applying) and says what it decided and why: with BackgroundProcs more
+// Ps than CPUs unless GOMAXPROCS is set in the environment (the operator's
+// choice stands) or the runtime's default is below the CPU count, which
+// means a CPU limit (a container's cgroup quota): more threads than the
+// quota would spend it early in each 100 ms period and be throttled for
+// the rest, a worse stall than the one spare Ps avoid. Call it once, at
+// the start of main; a process that never calls it (tests running
+// workers in-process) keeps its runtime as it is.
 func SetProcs(getenv func(string) string) (base, boosted int, why string) {
 	cpus, def := runtime.NumCPU(), runtime.GOMAXPROCS(0)
+	base, boosted = def, cpus+BackgroundProcs
 	switch {
 	case getenv("GOMAXPROCS") != "":
-		return def, def, "GOMAXPROCS is set in the environment"
+		boosted, why = def, "GOMAXPROCS is set in the environment"
 	case def < cpus:
-		return def, def, "a CPU limit below the machine's CPUs: the runtime's default, no spare processors"
+		boosted, why = def, "a CPU limit below the machine's CPUs: the runtime's default, no spare processors"
+	default:
+		why = "the CPUs, and two more while a journaled cascade is applied"
 	}
-	procs.mu.Lock()
-	defer procs.mu.Unlock()
-	procs.base, procs.boosted = def, cpus+BackgroundProcs
-	return def, cpus + BackgroundProcs, "the CPUs, and two more while a journaled cascade is applied"
+	cascading.mu.Lock()
+	defer cascading.mu.Unlock()
+	cascading.set, cascading.base, cascading.boosted = true, base, boosted
+	return base, boosted, why
 }
 
-// boostProcs marks one more (on) or one fewer (off) cascade being applied
-// in this process: the first raises GOMAXPROCS to the boosted count, the
-// last one's end sets it back (both are no-ops unless SetProcs allowed
-// boosting).
-func boostProcs(on bool) {
-	procs.mu.Lock()
-	defer procs.mu.Unlock()
-	if procs.base == 0 {
+// Applying marks one more (on) or one fewer (off) journaled cascade being
+// applied in this process: the first one's start boosts the Ps and starts
+// the trimmer, the last one's end undoes both. The worker calls it from the
+// reaper's Hooks.Applying; cmd/bench's cascade child, which applies a
+// journal without a reaper, around its cascade.
+func Applying(on bool) {
+	cascading.mu.Lock()
+	defer cascading.mu.Unlock()
+	if !cascading.set {
 		return
 	}
 	if on {
-		procs.boosts++
-		if procs.boosts == 1 {
-			runtime.GOMAXPROCS(procs.boosted)
+		cascading.n++
+		if cascading.n > 1 {
+			return
+		}
+		runtime.GOMAXPROCS(cascading.boosted)
+		if storage.TrimMalloc() {
+			cascading.stopTrim = make(chan struct{})
+			go trim(cascading.stopTrim)
 		}
 		return
 	}
-	procs.boosts--
-	if procs.boosts == 0 {
-		runtime.GOMAXPROCS(procs.base)
+	cascading.n--
+	if cascading.n > 0 {
+		return
+	}
+	runtime.GOMAXPROCS(cascading.base)
+	if cascading.stopTrim != nil {
+		close(cascading.stopTrim)
+		cascading.stopTrim = nil
+	}
+}
+
+func trim(stop <-chan struct{}) {
+	t := time.NewTicker(TrimEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			storage.TrimMalloc()
+		}
 	}
 }

@@ -3,15 +3,17 @@ package app
 import (
 	"runtime"
 	"testing"
+
+	"github.com/telha/telha-cascade/storage"
 )
 
 func TestSetProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() {
 		runtime.GOMAXPROCS(before)
-		procs.mu.Lock()
-		procs.base, procs.boosted, procs.boosts = 0, 0, 0
-		procs.mu.Unlock()
+		cascading.mu.Lock()
+		cascading.set, cascading.base, cascading.boosted, cascading.n = false, 0, 0, 0
+		cascading.mu.Unlock()
 	})
 	cpus := runtime.NumCPU()
 	runtime.GOMAXPROCS(cpus)
@@ -25,11 +27,11 @@ func TestSetProcs(t *testing.T) {
 	}); base != cpus || boosted != cpus {
 		t.Fatalf("with GOMAXPROCS in the environment: %d and %d while cascading (%s), want %d left alone", base, boosted, why, cpus)
 	}
-	boostProcs(true)
+	Applying(true)
 	if n := runtime.GOMAXPROCS(0); n != cpus {
 		t.Fatalf("boosted to %d Ps with GOMAXPROCS set", n)
 	}
-	boostProcs(false)
+	Applying(false)
 
 	// The default: the CPUs, and two more while any cascade is applied.
 	base, boosted, why := SetProcs(func(string) string { return "" })
@@ -39,25 +41,25 @@ func TestSetProcs(t *testing.T) {
 	if n := runtime.GOMAXPROCS(0); n != cpus {
 		t.Fatalf("%d Ps before any cascade, want %d", n, cpus)
 	}
-	boostProcs(true)
-	boostProcs(true)
+	Applying(true)
+	Applying(true)
 	if n := runtime.GOMAXPROCS(0); n != cpus+BackgroundProcs {
 		t.Fatalf("%d Ps while two cascades run, want %d", n, cpus+BackgroundProcs)
 	}
-	boostProcs(false)
+	if trims := storage.TrimMalloc(); trims != (cascading.stopTrim != nil) {
+		t.Fatalf("the C heap can be trimmed: %v; the trimmer runs: %v", trims, cascading.stopTrim != nil)
+	}
+	Applying(false)
 	if n := runtime.GOMAXPROCS(0); n != cpus+BackgroundProcs {
 		t.Fatalf("%d Ps while one cascade still runs, want %d", n, cpus+BackgroundProcs)
 	}
-	boostProcs(false)
-	if n := runtime.GOMAXPROCS(0); n != cpus {
-		t.Fatalf("%d Ps after the last cascade, want %d", n, cpus)
+	Applying(false)
+	if n := runtime.GOMAXPROCS(0); n != cpus || cascading.stopTrim != nil {
+		t.Fatalf("%d Ps after the last cascade (want %d), trimmer stopped: %v", n, cpus, cascading.stopTrim == nil)
 	}
 
 	// A default below the CPU count is a CPU limit: no boost.
 	if cpus > 1 {
-		procs.mu.Lock()
-		procs.base = 0
-		procs.mu.Unlock()
 		runtime.GOMAXPROCS(cpus - 1)
 		if base, boosted, _ := SetProcs(func(string) string { return "" }); base != cpus-1 || boosted != cpus-1 {
 			t.Fatalf("under a CPU limit (%d of %d CPUs): %d and %d while cascading, want %d", cpus-1, cpus, base, boosted, cpus-1)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/app"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/storage"
 )
@@ -353,6 +354,10 @@ func hubChildWith(ctx context.Context, o *options, props []byte) (*childResult, 
 	var rc cascade.CascadeReceipt
 	pm0, sm0 := pe.Metrics(), markStalls(st)
 	err = measure(res, prof, pe, func() error {
+		// The worker's runtime while a journal is applied (its reaper
+		// says so; here the journal is applied in this goroutine).
+		app.Applying(true)
+		defer app.Applying(false)
 		var err error
 		rc, err = ops.TombstoneNode(ctx, sc, hub, storage.NoTs, hubProv)
 		return err
