@@ -2,6 +2,7 @@ package app
 
 import (
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -25,12 +26,20 @@ import (
 // while cascading, because idle spare Ps spin looking for work, which
 // costs a saturated worker about a tenth of its CPU.
 //
-// The C heap trimmed every TrimEvery (storage.TrimMalloc): the cascade
-// churns Pebble's block cache, whose blocks come from C's malloc, and the
-// freed ones stay in the process's pages. (Nothing to do without cgo.)
+// Pebble's churned memory handed back. The cascade churns Pebble's block
+// cache: with cgo its blocks come from C's malloc and the freed ones stay
+// in the process's pages, so the C heap is trimmed every TrimEvery
+// (storage.TrimMalloc); without cgo (the container image) they are Go
+// memory, and the garbage collector runs at CascadeGOGC (unless GOGC is
+// set in the environment), since what it keeps live is mostly those
+// fixed-size buffers and GOGC 100 lets the heap grow to twice that
+// (a 1M-edge cascade's peak RSS growth: 349-351 MB at 100, 256 at 50, 221
+// at 25, at the same speed; docs/BENCHMARKS.md, "Memory beside a
+// super-node"; DECISIONS 72).
 const (
 	BackgroundProcs = 2
 	TrimEvery       = 200 * time.Millisecond
+	CascadeGOGC     = 25
 )
 
 // cascading is the process's state: n cascades are being applied; while n
@@ -40,8 +49,10 @@ var cascading struct {
 	mu            sync.Mutex
 	set           bool // SetProcs was called
 	base, boosted int  // GOMAXPROCS without and while cascading (equal: no boost)
+	gogcSet       bool // GOGC is set in the environment: left alone
 	n             int
 	stopTrim      chan struct{}
+	gogc          int // the GC percent before the first cascade, when lowered (else 0)
 }
 
 // SetProcs decides how the process runs while a cascade is applied
@@ -67,6 +78,7 @@ func SetProcs(getenv func(string) string) (base, boosted int, why string) {
 	cascading.mu.Lock()
 	defer cascading.mu.Unlock()
 	cascading.set, cascading.base, cascading.boosted = true, base, boosted
+	cascading.gogcSet = getenv("GOGC") != ""
 	return base, boosted, why
 }
 
@@ -87,9 +99,12 @@ func Applying(on bool) {
 			return
 		}
 		runtime.GOMAXPROCS(cascading.boosted)
-		if storage.TrimMalloc() {
+		switch {
+		case storage.TrimMalloc():
 			cascading.stopTrim = make(chan struct{})
 			go trim(cascading.stopTrim)
+		case !cascading.gogcSet:
+			cascading.gogc = debug.SetGCPercent(CascadeGOGC)
 		}
 		return
 	}
@@ -101,6 +116,10 @@ func Applying(on bool) {
 	if cascading.stopTrim != nil {
 		close(cascading.stopTrim)
 		cascading.stopTrim = nil
+	}
+	if cascading.gogc != 0 {
+		debug.SetGCPercent(cascading.gogc)
+		cascading.gogc = 0
 	}
 }
 

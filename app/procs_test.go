@@ -2,6 +2,7 @@ package app
 
 import (
 	"runtime"
+	"runtime/debug"
 	"testing"
 
 	"github.com/telha/telha-cascade/storage"
@@ -17,6 +18,9 @@ func TestSetProcs(t *testing.T) {
 	})
 	cpus := runtime.NumCPU()
 	runtime.GOMAXPROCS(cpus)
+
+	gcBefore := debug.SetGCPercent(100)
+	debug.SetGCPercent(gcBefore)
 
 	// GOMAXPROCS in the environment: no boost.
 	if base, boosted, why := SetProcs(func(k string) string {
@@ -48,6 +52,10 @@ func TestSetProcs(t *testing.T) {
 	}
 	if trims := storage.TrimMalloc(); trims != (cascading.stopTrim != nil) {
 		t.Fatalf("the C heap can be trimmed: %v; the trimmer runs: %v", trims, cascading.stopTrim != nil)
+	} else if !trims { // Pebble's memory is Go memory: the collector runs tighter
+		if p := debug.SetGCPercent(CascadeGOGC); p != CascadeGOGC {
+			t.Fatalf("GC percent %d while cascading without cgo, want %d", p, CascadeGOGC)
+		}
 	}
 	Applying(false)
 	if n := runtime.GOMAXPROCS(0); n != cpus+BackgroundProcs {
@@ -56,6 +64,9 @@ func TestSetProcs(t *testing.T) {
 	Applying(false)
 	if n := runtime.GOMAXPROCS(0); n != cpus || cascading.stopTrim != nil {
 		t.Fatalf("%d Ps after the last cascade (want %d), trimmer stopped: %v", n, cpus, cascading.stopTrim == nil)
+	}
+	if p := debug.SetGCPercent(gcBefore); p != gcBefore {
+		t.Fatalf("GC percent %d after the last cascade, want %d as before", p, gcBefore)
 	}
 
 	// A default below the CPU count is a CPU limit: no boost.
