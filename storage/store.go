@@ -613,7 +613,9 @@ func walk(it *pebble.Iterator, done func() error, ok bool, fn func(k, v []byte) 
 // scanPrefix calls fn for every key with prefix p in order, in a prefix
 // iteration: Pebble consults only the tables whose bloom filter may hold
 // p (and the memtables and batch), instead of seeking every level. p must
-// be a whole EntitySplit prefix. The slices are only valid during the call.
+// be a whole EntitySplit prefix, and r a reader of a Pebble opened with
+// Comparer (OpenPebble does): under another Split the iteration finds
+// nothing. The slices are only valid during the call.
 func scanPrefix(r pebble.Reader, p []byte, fn func(k, v []byte) error) error {
 	it, done, err := openPrefixIter(r, p)
 	if err != nil {
