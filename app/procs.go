@@ -98,7 +98,9 @@ func Applying(on bool) {
 		if cascading.n > 1 {
 			return
 		}
-		runtime.GOMAXPROCS(cascading.boosted)
+		if cascading.boosted != cascading.base {
+			runtime.GOMAXPROCS(cascading.boosted)
+		}
 		switch {
 		case storage.TrimMalloc():
 			cascading.stopTrim = make(chan struct{})
@@ -112,7 +114,11 @@ func Applying(on bool) {
 	if cascading.n > 0 {
 		return
 	}
-	runtime.GOMAXPROCS(cascading.base)
+	if cascading.boosted != cascading.base {
+		// Back to the runtime's default, which also lets the runtime
+		// follow a changed CPU limit again (a GOMAXPROCS call stops that).
+		runtime.SetDefaultGOMAXPROCS()
+	}
 	if cascading.stopTrim != nil {
 		close(cascading.stopTrim)
 		cascading.stopTrim = nil

@@ -10,17 +10,29 @@ import (
 
 func TestSetProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
+	gcBefore := debug.SetGCPercent(100)
+	debug.SetGCPercent(gcBefore)
 	t.Cleanup(func() {
 		runtime.GOMAXPROCS(before)
 		cascading.mu.Lock()
 		cascading.set, cascading.base, cascading.boosted, cascading.n = false, 0, 0, 0
 		cascading.mu.Unlock()
 	})
-	cpus := runtime.NumCPU()
-	runtime.GOMAXPROCS(cpus)
+	runtime.SetDefaultGOMAXPROCS()
+	cpus, def := runtime.NumCPU(), runtime.GOMAXPROCS(0)
+	noEnv := func(string) string { return "" }
 
-	gcBefore := debug.SetGCPercent(100)
-	debug.SetGCPercent(gcBefore)
+	if def < cpus { // this machine has a CPU limit: nothing is added
+		if base, boosted, why := SetProcs(noEnv); base != def || boosted != def {
+			t.Fatalf("under a CPU limit (%d of %d CPUs): %d and %d while cascading (%s), want %d", def, cpus, base, boosted, why, def)
+		}
+		Applying(true)
+		defer Applying(false)
+		if n := runtime.GOMAXPROCS(0); n != def {
+			t.Fatalf("%d Ps while cascading under a CPU limit, want %d", n, def)
+		}
+		return
+	}
 
 	// GOMAXPROCS in the environment: no boost.
 	if base, boosted, why := SetProcs(func(k string) string {
@@ -28,22 +40,19 @@ func TestSetProcs(t *testing.T) {
 			return "1"
 		}
 		return ""
-	}); base != cpus || boosted != cpus {
-		t.Fatalf("with GOMAXPROCS in the environment: %d and %d while cascading (%s), want %d left alone", base, boosted, why, cpus)
+	}); base != def || boosted != def {
+		t.Fatalf("with GOMAXPROCS in the environment: %d and %d while cascading (%s), want %d left alone", base, boosted, why, def)
 	}
 	Applying(true)
-	if n := runtime.GOMAXPROCS(0); n != cpus {
+	if n := runtime.GOMAXPROCS(0); n != def {
 		t.Fatalf("boosted to %d Ps with GOMAXPROCS set", n)
 	}
 	Applying(false)
 
 	// The default: the CPUs, and two more while any cascade is applied.
-	base, boosted, why := SetProcs(func(string) string { return "" })
-	if base != cpus || boosted != cpus+BackgroundProcs {
-		t.Fatalf("default: %d and %d while cascading (%s), want %d and %d", base, boosted, why, cpus, cpus+BackgroundProcs)
-	}
-	if n := runtime.GOMAXPROCS(0); n != cpus {
-		t.Fatalf("%d Ps before any cascade, want %d", n, cpus)
+	base, boosted, why := SetProcs(noEnv)
+	if base != def || boosted != cpus+BackgroundProcs {
+		t.Fatalf("default: %d and %d while cascading (%s), want %d and %d", base, boosted, why, def, cpus+BackgroundProcs)
 	}
 	Applying(true)
 	Applying(true)
@@ -62,18 +71,10 @@ func TestSetProcs(t *testing.T) {
 		t.Fatalf("%d Ps while one cascade still runs, want %d", n, cpus+BackgroundProcs)
 	}
 	Applying(false)
-	if n := runtime.GOMAXPROCS(0); n != cpus || cascading.stopTrim != nil {
-		t.Fatalf("%d Ps after the last cascade (want %d), trimmer stopped: %v", n, cpus, cascading.stopTrim == nil)
+	if n := runtime.GOMAXPROCS(0); n != def || cascading.stopTrim != nil {
+		t.Fatalf("%d Ps after the last cascade (want the runtime's default, %d), trimmer stopped: %v", n, def, cascading.stopTrim == nil)
 	}
 	if p := debug.SetGCPercent(gcBefore); p != gcBefore {
 		t.Fatalf("GC percent %d after the last cascade, want %d as before", p, gcBefore)
-	}
-
-	// A default below the CPU count is a CPU limit: no boost.
-	if cpus > 1 {
-		runtime.GOMAXPROCS(cpus - 1)
-		if base, boosted, _ := SetProcs(func(string) string { return "" }); base != cpus-1 || boosted != cpus-1 {
-			t.Fatalf("under a CPU limit (%d of %d CPUs): %d and %d while cascading, want %d", cpus-1, cpus, base, boosted, cpus-1)
-		}
 	}
 }
