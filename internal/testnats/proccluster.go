@@ -53,9 +53,43 @@ func BuildServer(t testing.TB, dir string) string {
 // StartProcCluster starts n clustered nats-server processes with
 // JetStream (sync_interval: always, as the chart configures it) and waits
 // for a meta leader; they are killed when the test ends.
+//
+// A cluster that does not form within 30 s (a server that exited at once,
+// as when another process took one of its ports between FreeAddr and the
+// server's bind) is logged with the tail of each server's log, killed, and
+// started again on fresh ports and stores, up to three times.
 func StartProcCluster(t testing.TB, n int) *ProcCluster {
 	t.Helper()
-	c := &ProcCluster{t: t, bin: BuildServer(t, t.TempDir())}
+	bin := BuildServer(t, t.TempDir())
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		c := &ProcCluster{t: t, bin: bin}
+		c.launch(n)
+		err := c.waitFormed(30 * time.Second)
+		if err == nil {
+			t.Cleanup(func() {
+				for _, p := range c.Procs {
+					p.Kill()
+				}
+			})
+			return c
+		}
+		for _, p := range c.Procs {
+			p.Kill()
+			t.Logf("nats-server %s (%s) log tail:\n%s", p.Name, p.ClientAddr, logTail(p.LogPath, 2048))
+		}
+		if attempt == attempts {
+			t.Fatalf("a %d-server cluster did not form in %d attempts: %v", n, attempts, err)
+		}
+		t.Logf("a %d-server cluster did not form (%v): starting it again on fresh ports", n, err)
+	}
+}
+
+// launch writes the servers' configurations (fresh ports and stores) and
+// starts them.
+func (c *ProcCluster) launch(n int) {
+	t := c.t
+	t.Helper()
 	var routes []string
 	routeAddrs := make([]string, n)
 	for i := range routeAddrs {
@@ -81,13 +115,40 @@ cluster { name: telha-test, host: %s, port: %s, routes: [%s] }
 		c.Procs = append(c.Procs, p)
 		c.start(p)
 	}
-	t.Cleanup(func() {
-		for _, p := range c.Procs {
-			p.Kill()
+}
+
+// waitFormed waits until JetStream answers through every server, and
+// gives up early when one of them has exited.
+func (c *ProcCluster) waitFormed(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for _, p := range c.Procs {
+		for !jetStreamReady(p.ClientAddr) {
+			p.mu.Lock()
+			done := p.done
+			p.mu.Unlock()
+			select {
+			case <-done:
+				return fmt.Errorf("nats-server %s exited", p.Name)
+			case <-time.After(50 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no JetStream meta leader via %s within %s", p.Name, within)
+			}
 		}
-	})
-	c.WaitJetStream(30 * time.Second)
-	return c
+	}
+	return nil
+}
+
+// logTail returns the last max bytes of a file.
+func logTail(path string, max int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
 }
 
 func (c *ProcCluster) start(p *ServerProc) {
@@ -119,6 +180,24 @@ func (p *ServerProc) Kill() {
 // Restart starts a killed server again on its store.
 func (c *ProcCluster) Restart(p *ServerProc) { c.start(p) }
 
+// jetStreamReady reports whether JetStream answers through the server at
+// addr (it has a meta leader).
+func jetStreamReady(addr string) bool {
+	nc, err := nats.Connect("nats://"+addr, nats.Timeout(time.Second))
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err == nil
+}
+
 // URLs is the comma-separated client URLs of every server.
 func (c *ProcCluster) URLs() string {
 	var us []string
@@ -132,20 +211,6 @@ func (c *ProcCluster) URLs() string {
 func (c *ProcCluster) WaitJetStream(within time.Duration) {
 	c.t.Helper()
 	for _, p := range c.Procs {
-		Eventually(c.t, within, "JetStream meta leader via "+p.Name, func() bool {
-			nc, err := nats.Connect("nats://"+p.ClientAddr, nats.Timeout(time.Second))
-			if err != nil {
-				return false
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return false
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_, err = js.AccountInfo(ctx)
-			return err == nil
-		})
+		Eventually(c.t, within, "JetStream meta leader via "+p.Name, func() bool { return jetStreamReady(p.ClientAddr) })
 	}
 }
