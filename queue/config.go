@@ -61,6 +61,11 @@ type Config struct {
 	AckWait time.Duration
 	// MaxAckPending of the consumer. Default 4096.
 	MaxAckPending int
+	// StallCheck is how often an idle worker asks the server whether its
+	// consumer holds requests it is not delivering (a pull subscription
+	// that went silent, nats.go#2063); two such answers in a row restart
+	// the pull. Default 5s; negative: never.
+	StallCheck time.Duration
 	// Buffer is how many messages wait between the consumer and the
 	// groups being formed. Default 1024.
 	Buffer int
@@ -128,6 +133,7 @@ func (c Config) Defaults() Config {
 		c.MaxDeaths = 3
 	}
 	defD(&c.AckWait, 30*time.Second)
+	defD(&c.StallCheck, 5*time.Second)
 	defD(&c.RetryBase, 500*time.Millisecond)
 	defD(&c.RetryMax, 30*time.Second)
 	defI := func(p *int, v int) {

@@ -68,6 +68,7 @@ type Worker struct {
 	log   *slog.Logger
 
 	cons  jetstream.Consumer
+	loop  atomic.Pointer[consumeLoop]
 	stats atomic.Pointer[ConsumerStats]
 	pause atomic.Pointer[client.PauseState]
 }
@@ -214,7 +215,8 @@ func (w *Worker) RunUntil(ctx, work context.Context) error {
 	// yet finished (waiting in `in`, in a group, or being finished): the
 	// callback waits for room, which holds the consumer back.
 	held := newByteBudget(w.cfg.BufferBytes)
-	cc, err := w.cons.Consume(func(m jetstream.Msg) {
+	loop := &consumeLoop{w: w, busy: held.busy}
+	loop.handler = func(m jetstream.Msg) {
 		inMu.RLock()
 		defer inMu.RUnlock()
 		if inClosed {
@@ -222,21 +224,36 @@ func (w *Worker) RunUntil(ctx, work context.Context) error {
 		}
 		held.acquire(len(m.Data()))
 		in <- m
-	}, jetstream.PullMaxBytes(w.cfg.BufferBytes),
-		// Short pulls with frequent heartbeats: after a consumer leader
-		// change (a NATS server lost) the client resets its pending counts
-		// but sends no new pull (nats.go#2063), so only a missed heartbeat
-		// or an expired pull starts one again. 5 s and 1 s bound that stall
-		// to a few seconds instead of the default 30 s pull.
-		jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second),
+	}
+	// Short pulls with frequent heartbeats: after a consumer leader change
+	// (a NATS server lost) the client resets its pending counts but may
+	// send no new pull (nats.go#2063), so only a missed heartbeat or an
+	// expired pull starts one again. 5 s and 1 s bound that stall to a few
+	// seconds instead of the default 30 s pull; the stall watch (stall.go)
+	// restarts a pull that stays silent all the same.
+	loop.opts = []jetstream.PullConsumeOpt{
+		jetstream.PullMaxBytes(w.cfg.BufferBytes),
+		jetstream.PullExpiry(5 * time.Second),
+		jetstream.PullHeartbeat(time.Second),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			w.log.Warn("consume", "err", err)
-		}))
-	if err != nil {
+		}),
+	}
+	if err := loop.start(); err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
+	w.loop.Store(loop)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if w.cfg.StallCheck > 0 {
+			loop.watch(ctx, w.cfg.StallCheck)
+		}
+	}()
 	go func() {
 		<-ctx.Done()
+		<-watched // no restart after this: the subscription drained is the last one
+		cc := loop.current()
 		cc.Drain()
 		select {
 		case <-cc.Closed():
@@ -887,6 +904,13 @@ func (b *byteBudget) acquire(n int) {
 	}
 	b.used += n
 	b.mu.Unlock()
+}
+
+// busy reports whether any message is held.
+func (b *byteBudget) busy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used > 0
 }
 
 func (b *byteBudget) release(n int) {
