@@ -491,7 +491,15 @@ func (c *changelog) start(db *pebble.DB) error {
 	}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	c.cron = cron.New(cron.WithLocation(time.UTC))
+	var running atomic.Bool
 	c.cron.Schedule(sched, cron.FuncJob(func() {
+		// One at a time: a tick while the last checkpoint still runs (a
+		// slow NATS) is skipped, not queued behind its lock.
+		if !running.CompareAndSwap(false, true) {
+			c.log.Debug("changelog: the last checkpoint still runs; this tick is skipped")
+			return
+		}
+		defer running.Store(false)
 		ctx, cancel := context.WithTimeout(c.ctx, 10*time.Minute)
 		defer cancel()
 		_, _ = c.checkpoint(ctx)

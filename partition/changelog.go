@@ -310,8 +310,18 @@ func (c *Changelog) publish(ctx context.Context, m *nats.Msg, expected uint64) (
 	}
 }
 
+// apiContext bounds one JetStream API call. A request the server drops
+// (one sent while the stream's leader changes) is never answered: without
+// a bound it would wait for the whole of ctx (a checkpoint's ten minutes),
+// and every later checkpoint with it.
+func (c *Changelog) apiContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 6*c.cfg.AttemptTimeout)
+}
+
 // landed reports whether the message at seq carries message id id.
 func (c *Changelog) landed(ctx context.Context, seq uint64, id string) (bool, error) {
+	ctx, cancel := c.apiContext(ctx)
+	defer cancel()
 	msg, err := c.stream.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
@@ -355,14 +365,18 @@ func (c *Changelog) PurgeBelow(ctx context.Context, seq uint64) error {
 	if seq <= 1 {
 		return nil
 	}
-	info, err := c.stream.Info(ctx)
+	ictx, cancel := c.apiContext(ctx)
+	info, err := c.stream.Info(ictx)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
 	}
 	if seq > info.State.LastSeq+1 {
 		return fmt.Errorf("partition %d: purge below %d is above the log's end %d", c.cfg.Partition, seq, info.State.LastSeq)
 	}
-	if err := c.stream.Purge(ctx, jetstream.WithPurgeSequence(seq)); err != nil {
+	pctx, cancel := c.apiContext(ctx)
+	defer cancel()
+	if err := c.stream.Purge(pctx, jetstream.WithPurgeSequence(seq)); err != nil {
 		return fmt.Errorf("partition %d: purge below %d: %w", c.cfg.Partition, seq, err)
 	}
 	return nil
