@@ -370,25 +370,39 @@ func (l *dynLoad) waitAnswered(within time.Duration) {
 				l.t.Logf("no result: %s tenant %s (slot %d) id %s published %s", rid, p.tenant, l.slotOf[p.tenant], p.id, p.at.Format(time.RFC3339Nano))
 			}
 			l.mu.Unlock()
-			js := l.c.JetStream()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if s, err := js.Stream(ctx, "TELHA_REQ"); err == nil {
-				info, _ := s.Info(ctx)
-				if info != nil {
-					l.t.Logf("TELHA_REQ: %d messages, first %d last %d", info.State.Msgs, info.State.FirstSeq, info.State.LastSeq)
-				}
-				for cl := s.ListConsumers(ctx); ; {
-					ci, ok := <-cl.Info()
-					if !ok {
-						break
-					}
-					l.t.Logf("consumer %s: pending %d, ack pending %d, redelivered %d, waiting %d, paused %v", ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.Paused)
-				}
-			}
+			l.logConsumers()
 			l.t.Fatalf("%d of %d requests have no result after %s (e.g. %v)", len(missing), n, within, missing[:min(5, len(missing))])
 		}
 		time.Sleep(200 * time.Millisecond) // polling the collector, with a deadline
+	}
+}
+
+// logConsumers logs the request stream's state and each consumer's (what
+// a stalled slot looks like from the server's side).
+func (l *dynLoad) logConsumers() {
+	l.t.Helper()
+	js := l.c.JetStream()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "TELHA_REQ")
+	if err != nil {
+		l.t.Logf("TELHA_REQ: %v", err)
+		return
+	}
+	if info, err := s.Info(ctx); err == nil {
+		l.t.Logf("TELHA_REQ: %d messages, first %d last %d, leader %s", info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, info.Cluster.Leader)
+	}
+	for cl := s.ListConsumers(ctx); ; {
+		ci, ok := <-cl.Info()
+		if !ok {
+			break
+		}
+		leader := ""
+		if ci.Cluster != nil {
+			leader = ci.Cluster.Leader
+		}
+		l.t.Logf("consumer %s: pending %d, ack pending %d, redelivered %d, waiting %d, delivered seq %d, paused %v, leader %s",
+			ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.Delivered.Stream, ci.Paused, leader)
 	}
 }
 
@@ -783,16 +797,23 @@ func TestDynamicNATSServerLost(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); l.run(ctx, tenants, 20*time.Millisecond) }()
-	testnats.Eventually(t, 60*time.Second, "results before the server is lost", func() bool {
+	// Writes go on: they must be going on first, on every slot (on a busy
+	// machine the last slots may still be provisioning when the first
+	// have answered a hundred).
+	testnats.Eventually(t, 60*time.Second, "results on every slot before the server is lost", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return len(l.firstAt) >= 100
+		seen := map[int]bool{}
+		for rid := range l.firstAt {
+			seen[slotOf[l.published[rid].tenant]] = true
+		}
+		return len(l.firstAt) >= 100 && len(seen) == dynSlots
 	})
 	lost := cl.Procs[0]
 	lost.Kill()
 	killedAt := time.Now()
 	t.Logf("SIGKILLed NATS server %s", lost.Name)
-	testnats.Eventually(t, 60*time.Second, "results of requests published after the server was lost, on every slot", func() bool {
+	answered := func() map[int]bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		seen := map[int]bool{}
@@ -801,8 +822,15 @@ func TestDynamicNATSServerLost(t *testing.T) {
 				seen[slotOf[p.tenant]] = true
 			}
 		}
-		return len(seen) == dynSlots
-	})
+		return seen
+	}
+	for deadline := time.Now().Add(60 * time.Second); len(answered()) < dynSlots; {
+		if time.Now().After(deadline) {
+			l.logConsumers()
+			t.Fatalf("not within 60s: results of requests published after the server was lost, on every slot (answered: %v of %d)", answered(), dynSlots)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the collector, with a deadline
+	}
 	t.Logf("every slot answered again %.2f s after the NATS server was lost", time.Since(killedAt).Seconds())
 	time.Sleep(2 * time.Second) // more load on two servers (not a synchronisation)
 	stop()
