@@ -87,7 +87,9 @@ func newDynGroup(t *testing.T, extra ...string) (*dynGroup, *testnats.ProcCluste
 				<-p.done
 			}
 		}
-		if t.Failed() {
+		// TELHA_KEEP_LOGS=1 keeps them after a pass too (to see how a
+		// failover went, e.g. how long the consumers' leaders took).
+		if t.Failed() || os.Getenv("TELHA_KEEP_LOGS") != "" {
 			keep, err := os.MkdirTemp("", "telha-dynamic-logs-")
 			if err == nil {
 				for _, p := range procs {
