@@ -21,6 +21,10 @@
 // answer (ResultMsgID); headers and echoes are cut (bounds.go); metric
 // labels come from fixed sets.
 //
+// Liveness: a pull subscription that goes silent while the consumer holds
+// requests (a NATS client bug after a consumer leader change) is restarted
+// by the stall watch (stall.go), which looks only while the worker is idle.
+//
 // What it must not do: decide graph semantics (cascade and storage do),
 // build storage keys, or serve HTTP.
 package queue
