@@ -25,7 +25,7 @@ type stallSample struct {
 	ackPending int    // delivered and not acked
 	delivered  uint64 // the consumer's last delivered stream sequence
 	received   uint64 // messages the worker's callback has received
-	paused     bool   // the consumer is paused (CONTRACT §8): silence is expected
+	paused     bool   // the consumer is paused (CONTRACT §6, Pause): silence is expected
 }
 
 // stalled reports whether two consecutive samples, both taken while the
