@@ -59,6 +59,19 @@
 // the node tombstone: 5N+3 puts of the same key and value sizes) into a
 // fresh store in synced batches of at most 100,000 puts.
 //
+// mixed: the real worker again, on a fresh store holding a --hub-edges hub
+// and the small targets; small requests open loop at --light-rate, and one
+// second in the hub's tombstone_node. mixed.p99_ms is over the small
+// requests published between the hub's publish and its result.
+//
+// The changelog's cost, side by side (not in the default phases):
+// small_changelog and small_changelog_r3 are the small phase, and
+// mixed_changelog the mixed phase, with --changelog jetstream (every group
+// and every cascade chunk appended to the changelog before its local
+// commit); mixed_changelog runs on a NATS server of its own, since a
+// changelog belongs to one store. --changelog-sync-always gives those
+// servers sync_interval: always.
+//
 // Ratios: small_vs_pipeline = small.per_sec / pipeline.per_sec,
 // small_vs_naive = small.per_sec / naive.per_sec, hub_vs_raw = hub.seconds /
 // hub.raw_pebble_seconds. The targets are reported as PASS or MISS; missing

@@ -125,7 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"scaling\" and \"erase\" are not in the default)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\" and \"erase\" are not in the default)")
 	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
 	scaling10M := fs.Bool("scaling-10m", false, "add a 10,000,000-edge hub to the scaling phase (minutes, and a few GB of disk)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
@@ -134,7 +134,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.workerLog, "worker-log", false, "echo the worker's log (info and up) to stderr")
 	fs.DurationVar(&o.waitIdle, "wait-idle", 0, "before each measured phase, wait up to this long for other processes to use < 0.2 cores")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the small saturation run to this file")
-	fs.BoolVar(&o.changelogSyncAlways, "changelog-sync-always", false, "run small_changelog against a NATS server of its own with sync_interval: always (as the embedded server runs with --changelog jetstream)")
+	fs.BoolVar(&o.changelogSyncAlways, "changelog-sync-always", false, "run small_changelog and mixed_changelog against a NATS server of their own with sync_interval: always (as the embedded server runs with --changelog jetstream)")
 	fs.StringVar(&o.hubChild, "hub-child", "", "internal: run the hub (hub) or raw Pebble (raw) measurement and print JSON")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -187,11 +187,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "hub", "scaling", "erase":
+		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, hub, scaling, erase)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -287,6 +287,19 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 	if o.phases["mixed"] {
 		if err := runMixed(ctx, o, pg, ns, filepath.Join(root, "mixed"), specs.mixed, rep); err != nil {
 			return rep, fmt.Errorf("mixed: %w", err)
+		}
+	}
+	if o.phases["mixed_changelog"] {
+		// A server of its own: the changelog stream of small_changelog,
+		// if it ran, belongs to another store.
+		cns, err := startNATSWith(filepath.Join(root, "nats-mixed-changelog"), o.changelogSyncAlways)
+		if err != nil {
+			return rep, err
+		}
+		err = runMixedChangelog(ctx, o, pg, cns, filepath.Join(root, "mixed-changelog"), specs.mixed, rep)
+		cns.stop()
+		if err != nil {
+			return rep, fmt.Errorf("mixed_changelog: %w", err)
 		}
 	}
 	ns.stop()

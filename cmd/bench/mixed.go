@@ -42,6 +42,9 @@ type MixedReport struct {
 	Writes                    writeStats  `json:"writes"`
 	Pebble                    pebbleStats `json:"pebble"`
 	WorkerLog                 workerLog   `json:"worker_log"`
+	// ChangelogMB: the changelog stream's size after the run
+	// (mixed_changelog only).
+	ChangelogMB *float64 `json:"changelog_mb,omitempty"`
 }
 
 // runMixed builds a graph of small targets and a hub straight into a fresh
@@ -50,11 +53,47 @@ type MixedReport struct {
 // publishes the hub's tombstone_node; the requests published while the
 // cascade runs are the measured ones.
 func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs []spec, rep *Report) error {
+	m, err := runMixedWith(ctx, o, pg, ns, dir, specs, "mixed", nil)
+	if m != nil {
+		rep.Mixed = m
+	}
+	return err
+}
+
+// runMixedChangelog is the mixed phase with --changelog jetstream (R1 on
+// ns): every group of small requests and every chunk of the hub's cascade
+// is appended to the changelog before its local commit. ns must hold no
+// changelog yet (a worker on a fresh store would refuse another store's
+// log), so the caller gives it a server of its own.
+func runMixedChangelog(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs []spec, rep *Report) error {
+	m, err := runMixedWith(ctx, o, pg, ns, dir, specs, "mixed_changelog",
+		[]string{"--changelog", "jetstream", "--checkpoint-schedule", "@every 1h"})
+	if m == nil {
+		return err
+	}
+	rep.MixedChangelog = m
+	if err != nil {
+		return err
+	}
+	st, err := changelogState(ctx, ns.url)
+	if err != nil {
+		return err
+	}
+	mb := math.Round(float64(st.Bytes)/(1<<20)*10) / 10
+	m.ChangelogMB = &mb
+	pg.printf("mixed_changelog: changelog %d messages, %.1f MB", st.Msgs, mb)
+	return nil
+}
+
+// runMixedWith is the mixed phase with extra worker flags; name labels its
+// progress lines, its profiles and its trace. The report it returns is
+// filled as far as the run got.
+func runMixedWith(ctx context.Context, o *options, pg progress, ns *natsServer, dir string, specs []spec, name string, extra []string) (m *MixedReport, err error) {
 	t0 := time.Now()
 	hub := uuid.New()
 	g, err := newGraphWriter(filepath.Join(dir, "pebble"))
 	if err != nil {
-		return err
+		return m, err
 	}
 	err = g.node("hub", hub)
 	for i := 0; i < o.hubEdges && err == nil; i++ {
@@ -67,18 +106,18 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("building the hub: %w", err)
+		return m, fmt.Errorf("building the hub: %w", err)
 	}
 	if err := buildGraph(filepath.Join(dir, "pebble"), specs); err != nil {
-		return fmt.Errorf("building the graph: %w", err)
+		return m, fmt.Errorf("building the graph: %w", err)
 	}
-	pg.printf("mixed: hub of %d edges and %d small targets built in %s", o.hubEdges, len(specs), time.Since(t0).Round(10*time.Millisecond))
+	pg.printf("%s: hub of %d edges and %d small targets built in %s", name, o.hubEdges, len(specs), time.Since(t0).Round(10*time.Millisecond))
 
 	counter := &commitCounter{}
 	logs := &logCounter{}
-	cfg, err := app.ParseFlags([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", ns.url}, os.Getenv, io.Discard)
+	cfg, err := app.ParseFlags(append([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", ns.url}, extra...), os.Getenv, io.Discard)
 	if err != nil {
-		return err
+		return m, err
 	}
 	ready := make(chan *app.App, 1)
 	wctx, cancel := context.WithCancel(context.Background())
@@ -108,19 +147,21 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 	select {
 	case a = <-ready:
 	case err := <-done:
-		return fmt.Errorf("worker exited before ready: %v", err)
-	case <-time.After(60 * time.Second):
-		return fmt.Errorf("worker not ready within 60s")
+		return m, fmt.Errorf("worker exited before ready: %v", err)
+	case <-time.After(3 * time.Minute):
+		// With the changelog on, the start seeds it with a checkpoint of
+		// the whole store (the hub's million edges) first.
+		return m, fmt.Errorf("worker not ready within 3m")
 	}
 	defer func() {
 		cancel()
 		<-done
 	}()
-	rep.Mixed = &MixedReport{HubEdges: o.hubEdges, ChunkOps: a.Ops().ChunkOps()}
+	m = &MixedReport{HubEdges: o.hubEdges, ChunkOps: a.Ops().ChunkOps()}
 
 	d, err := newDriver(ns.url, "telha")
 	if err != nil {
-		return err
+		return m, err
 	}
 	defer d.close()
 	// The hub's result, on its own subscription.
@@ -134,7 +175,7 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		}
 		if json.Unmarshal(m.Data, &r) == nil && r.RequestID == hubRID {
 			if r.Status != "ok" || r.Edges != o.hubEdges {
-				pg.printf("mixed: hub result %+v, want ok with %d edges", r, o.hubEdges)
+				pg.printf("%s: hub result %+v, want ok with %d edges", name, r, o.hubEdges)
 			}
 			select {
 			case hubGot <- time.Now():
@@ -143,20 +184,20 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		}
 	})
 	if err != nil {
-		return err
+		return m, err
 	}
 	defer sub.Unsubscribe()
 	if err := d.resNC.Flush(); err != nil {
-		return err
+		return m, err
 	}
 	waitCompactions(a.Store().Engine(), time.Minute)
 	waitIdle(o.waitIdle, runtime.NumCPU(), pg)
 	runtime.GC()
 
 	counter.reset()
-	prof, err := startProfile(o.profileDir, "mixed")
+	prof, err := startProfile(o.profileDir, name)
 	if err != nil {
-		return err
+		return m, err
 	}
 	pm0, sm0 := a.Store().Engine().Metrics(), markStalls(a.Store())
 	hubSent := make(chan time.Time, 1)
@@ -169,7 +210,7 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		body := fmt.Sprintf(`{"request_id":%q,"op":"tombstone_node","tenant":"hub","id":%q}`, hubRID, hub)
 		at := time.Now()
 		if _, err := d.js.PublishMsg(ctx, d.client.RequestMsg("hub", hubRID, []byte(body))); err != nil {
-			pg.printf("mixed: publishing the hub's cascade: %v", err)
+			pg.printf("%s: publishing the hub's cascade: %v", name, err)
 			return
 		}
 		hubSent <- at
@@ -183,14 +224,14 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		case <-ctx.Done():
 			return
 		}
-		f, err := os.Create(filepath.Join(o.profileDir, "mixed.trace"))
+		f, err := os.Create(filepath.Join(o.profileDir, name+".trace"))
 		if err != nil {
-			pg.printf("mixed: trace: %v", err)
+			pg.printf("%s: trace: %v", name, err)
 			return
 		}
 		defer f.Close()
 		if err := trace.Start(f); err != nil {
-			pg.printf("mixed: trace: %v", err)
+			pg.printf("%s: trace: %v", name, err)
 			return
 		}
 		select {
@@ -199,30 +240,30 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		}
 		trace.Stop()
 	}()
-	run, err := d.run(ctx, "mixed", specs, load{rate: o.lightRate}, 120*time.Second)
+	run, err := d.run(ctx, name, specs, load{rate: o.lightRate}, 120*time.Second)
 	if perr := prof.stop(); perr != nil && err == nil {
 		err = perr
 	}
 	if err != nil {
-		return fmt.Errorf("small requests: %w", err)
+		return m, fmt.Errorf("small requests: %w", err)
 	}
 	var sent, got time.Time
 	select {
 	case sent = <-hubSent:
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("the hub's cascade was not published")
+		return m, fmt.Errorf("the hub's cascade was not published")
 	}
 	select {
 	case got = <-hubGot:
 	case <-time.After(10 * time.Minute):
-		return fmt.Errorf("no result for the hub's cascade within 10 minutes")
+		return m, fmt.Errorf("no result for the hub's cascade within 10 minutes")
 	}
-	rep.Mixed.Writes = counter.stats(run.Requests, run.Seconds)
-	rep.Mixed.Pebble = pebbleDelta(pm0, a.Store().Engine().Metrics()).withStalls(a.Store(), sm0)
-	rep.Mixed.Run = run
-	rep.Mixed.HubSeconds = round3(got.Sub(sent).Seconds())
+	m.Writes = counter.stats(run.Requests, run.Seconds)
+	m.Pebble = pebbleDelta(pm0, a.Store().Engine().Metrics()).withStalls(a.Store(), sm0)
+	m.Run = run
+	m.HubSeconds = round3(got.Sub(sent).Seconds())
 	if got.After(run.base.Add(time.Duration(run.sent[len(run.sent)-1]))) {
-		pg.printf("mixed: the cascade outlasted the small requests; raise --light-duration")
+		pg.printf("%s: the cascade outlasted the small requests; raise --mixed-duration", name)
 	}
 	var lat []float64
 	for i := range run.sent {
@@ -233,7 +274,7 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		lat = append(lat, float64(run.got[i]-run.sent[i])/1e6)
 	}
 	if len(lat) == 0 {
-		return fmt.Errorf("no small request was published while the cascade ran")
+		return m, fmt.Errorf("no small request was published while the cascade ran")
 	}
 	pct := func(xs []float64, p float64) float64 {
 		if len(xs) == 0 {
@@ -242,7 +283,7 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		slices.Sort(xs)
 		return round3(xs[int(math.Ceil(p*float64(len(xs))))-1])
 	}
-	rep.Mixed.Requests, rep.Mixed.P50ms, rep.Mixed.P99ms, rep.Mixed.MaxMs = len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1)
+	m.Requests, m.P50ms, m.P99ms, m.MaxMs = len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1)
 	var fgWait, bgRun []float64
 	wmu.Lock()
 	for _, w := range wtasks {
@@ -256,13 +297,13 @@ func runMixed(ctx context.Context, o *options, pg progress, ns *natsServer, dir 
 		}
 	}
 	wmu.Unlock()
-	rep.Mixed.WriterForegroundWaitP99ms, rep.Mixed.WriterForegroundWaitMaxms = pct(fgWait, 0.99), pct(fgWait, 1)
-	rep.Mixed.WriterBackgroundRunP99ms = pct(bgRun, 0.99)
+	m.WriterForegroundWaitP99ms, m.WriterForegroundWaitMaxms = pct(fgWait, 0.99), pct(fgWait, 1)
+	m.WriterBackgroundRunP99ms = pct(bgRun, 0.99)
 	logs.mu.Lock()
-	rep.Mixed.WorkerLog = workerLog{Warnings: logs.warn, Errors: logs.errs, First: logs.first}
+	m.WorkerLog = workerLog{Warnings: logs.warn, Errors: logs.errs, First: logs.first}
 	logs.mu.Unlock()
-	pg.printf("mixed: hub of %d edges in %.2fs; %d small requests during it: p50 %.2f ms, p99 %.2f ms, max %.2f ms; their groups waited for the writer p99 %.2f ms, max %.2f ms; chunks ran p99 %.2f ms",
-		o.hubEdges, rep.Mixed.HubSeconds, len(lat), rep.Mixed.P50ms, rep.Mixed.P99ms, rep.Mixed.MaxMs,
-		rep.Mixed.WriterForegroundWaitP99ms, rep.Mixed.WriterForegroundWaitMaxms, rep.Mixed.WriterBackgroundRunP99ms)
-	return nil
+	pg.printf("%s: hub of %d edges in %.2fs; %d small requests during it: p50 %.2f ms, p99 %.2f ms, max %.2f ms; their groups waited for the writer p99 %.2f ms, max %.2f ms; chunks ran p99 %.2f ms",
+		name, o.hubEdges, m.HubSeconds, len(lat), m.P50ms, m.P99ms, m.MaxMs,
+		m.WriterForegroundWaitP99ms, m.WriterForegroundWaitMaxms, m.WriterBackgroundRunP99ms)
+	return m, nil
 }

@@ -41,18 +41,26 @@ type Report struct {
 	Naive               *RateReport  `json:"naive,omitempty"`
 	Hub                 *HubReport   `json:"hub,omitempty"`
 	Mixed               *MixedReport `json:"mixed,omitempty"`
-	Scaling             []ScalingRow `json:"scaling,omitempty"`
-	Erase               *EraseReport `json:"erase,omitempty"`
-	SmallVsPipeline     *float64     `json:"small_vs_pipeline,omitempty"`
-	SmallVsNaive        *float64     `json:"small_vs_naive,omitempty"`
-	HubVsRaw            *float64     `json:"hub_vs_raw,omitempty"`
-	Targets             []Target     `json:"targets"`
-	Config              benchConfig  `json:"config"`
-	Machine             machine      `json:"machine"`
-	Revision            string       `json:"revision"`
-	Modified            bool         `json:"revision_modified"`
-	Date                string       `json:"date"`
-	TotalSeconds        float64      `json:"total_seconds"`
+	// MixedChangelog is the mixed phase with --changelog jetstream (R1 on a
+	// NATS server of its own): issue 22 item 5, the changelog's cost beside
+	// a super-node. MixedChangelogHubVsMixed is its cascade's time over the
+	// mixed phase's, MixedChangelogP99Ratio its small requests' p99 over
+	// the mixed phase's.
+	MixedChangelog           *MixedReport `json:"mixed_changelog,omitempty"`
+	MixedChangelogHubVsMixed *float64     `json:"mixed_changelog_hub_vs_mixed,omitempty"`
+	MixedChangelogP99Ratio   *float64     `json:"mixed_changelog_p99_ratio,omitempty"`
+	Scaling                  []ScalingRow `json:"scaling,omitempty"`
+	Erase                    *EraseReport `json:"erase,omitempty"`
+	SmallVsPipeline          *float64     `json:"small_vs_pipeline,omitempty"`
+	SmallVsNaive             *float64     `json:"small_vs_naive,omitempty"`
+	HubVsRaw                 *float64     `json:"hub_vs_raw,omitempty"`
+	Targets                  []Target     `json:"targets"`
+	Config                   benchConfig  `json:"config"`
+	Machine                  machine      `json:"machine"`
+	Revision                 string       `json:"revision"`
+	Modified                 bool         `json:"revision_modified"`
+	Date                     string       `json:"date"`
+	TotalSeconds             float64      `json:"total_seconds"`
 }
 
 // RateReport is a throughput run.
@@ -233,6 +241,17 @@ func (r *Report) finish(total time.Duration) {
 			add("mixed.hub_seconds / hub.raw_pebble_seconds", ratio(r.Mixed.HubSeconds, r.Hub.RawPebbleSeconds), true, 1.5, "")
 		}
 	}
+	if m := r.MixedChangelog; m != nil {
+		v := m.P99ms
+		add("mixed_changelog.p99_ms", &v, true, 50, fmt.Sprintf("issue 22 item 5: the mixed phase with the changelog (R1); %d requests during a %d-edge cascade", m.Requests, m.HubEdges))
+		if r.Hub != nil && r.Hub.Edges == m.HubEdges {
+			add("mixed_changelog.hub_seconds / hub.raw_pebble_seconds", ratio(m.HubSeconds, r.Hub.RawPebbleSeconds), true, 1.5, "issue 22 item 5")
+		}
+		if r.Mixed != nil {
+			r.MixedChangelogHubVsMixed = ratio(m.HubSeconds, r.Mixed.HubSeconds)
+			r.MixedChangelogP99Ratio = ratio(m.P99ms, r.Mixed.P99ms)
+		}
+	}
 	if r.Hub != nil {
 		v := r.Hub.PeakRSSGrowthMB
 		note := ""
@@ -297,15 +316,25 @@ func printTable(w io.Writer, r *Report) {
 	}
 	row("pipeline (raw limit)", r.Pipeline)
 	row("naive (1 commit/msg)", r.Naive)
-	if m := r.Mixed; m != nil && m.Run != nil {
-		fmt.Fprintf(tw, "mixed (%d/s, during the hub)\t%.0f\t%.2f\t%.2f\t%d\t%.1f\t%.2f\t%.1f\t%.2f\t%.0f%%\t%.2f (%.2f)\t%.0f\n", r.Config.LightRate, m.Run.PerSec, m.P50ms, m.P99ms, m.Requests,
+	mixedRow := func(name string, m *MixedReport) {
+		if m == nil || m.Run == nil {
+			return
+		}
+		fmt.Fprintf(tw, "%s (%d/s, during the hub)\t%.0f\t%.2f\t%.2f\t%d\t%.1f\t%.2f\t%.1f\t%.2f\t%.0f%%\t%.2f (%.2f)\t%.0f\n", name, r.Config.LightRate, m.Run.PerSec, m.P50ms, m.P99ms, m.Requests,
 			m.Writes.MsgsPerCommit, m.Writes.PutsPerMsg, m.Writes.BytesPerPut, m.Writes.CommitMs, 100*m.Writes.CommitBusy, m.Run.CPU.Process, m.Run.CPU.Others, m.Pebble.CompactedMB)
 	}
+	mixedRow("mixed", r.Mixed)
+	mixedRow("mixed, changelog R1", r.MixedChangelog)
 	tw.Flush()
-	if m := r.Mixed; m != nil {
-		fmt.Fprintf(w, "(mixed: a %d-edge hub cascade in %.2fs on the same worker, chunks of %d puts; small requests max %.2f ms; their groups waited for the writer p99 %.2f ms, max %.2f ms)\n",
-			m.HubEdges, m.HubSeconds, m.ChunkOps, m.MaxMs, m.WriterForegroundWaitP99ms, m.WriterForegroundWaitMaxms)
+	mixedNote := func(name string, m *MixedReport) {
+		if m == nil {
+			return
+		}
+		fmt.Fprintf(w, "(%s: a %d-edge hub cascade in %.2fs on the same worker, chunks of %d puts; small requests max %.2f ms; their groups waited for the writer p99 %.2f ms, max %.2f ms)\n",
+			name, m.HubEdges, m.HubSeconds, m.ChunkOps, m.MaxMs, m.WriterForegroundWaitP99ms, m.WriterForegroundWaitMaxms)
 	}
+	mixedNote("mixed", r.Mixed)
+	mixedNote("mixed, changelog R1", r.MixedChangelog)
 	if h := r.Hub; h != nil {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

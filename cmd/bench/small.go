@@ -449,27 +449,37 @@ func runSmallChangelog(ctx context.Context, o *options, pg progress, ns *natsSer
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(ns.url)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	s, err := js.Stream(ctx, "TELHA_LOG_STATIC1_0")
-	if err != nil {
-		return err
-	}
-	info, err := s.Info(ctx)
+	info, err := changelogState(ctx, ns.url)
 	if err != nil {
 		return err
 	}
 	if n := len(specs.warm) + len(specs.sat) + len(specs.light); n > 0 {
-		v := math.Round(float64(info.State.Bytes)/float64(n)*10) / 10
+		v := math.Round(float64(info.Bytes)/float64(n)*10) / 10
 		rep.ChangelogBytesPerRequest = &v
-		pg.printf("small_changelog: changelog %d messages, %d bytes, %.1f bytes/request", info.State.Msgs, info.State.Bytes, v)
+		pg.printf("small_changelog: changelog %d messages, %d bytes, %.1f bytes/request", info.Msgs, info.Bytes, v)
 	}
 	return nil
+}
+
+// changelogState reads the state of the changelog a static single-replica
+// worker with --changelog jetstream writes (TELHA_LOG_STATIC1_0).
+func changelogState(ctx context.Context, url string) (jetstream.StreamState, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	s, err := js.Stream(ctx, "TELHA_LOG_STATIC1_0")
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	return info.State, nil
 }
