@@ -115,7 +115,10 @@ func (l *consumeLoop) watch(ctx context.Context, period time.Duration) {
 			havePrev = false
 			continue
 		}
-		ictx, cancel := context.WithTimeout(ctx, period)
+		// At least 2 s for the answer, whatever the period: a short period
+		// (tests) on a loaded machine must not turn every look into "no
+		// answer". Ticks missed meanwhile are dropped, not queued.
+		ictx, cancel := context.WithTimeout(ctx, max(period, 2*time.Second))
 		info, err := l.w.cons.Info(ictx)
 		cancel()
 		if err != nil || l.busy() {

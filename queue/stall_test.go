@@ -106,7 +106,21 @@ func TestStallWatchRestartsASilentPull(t *testing.T) {
 	if n := loop.Restarts(); n != 0 {
 		t.Fatalf("an idle worker with nothing waiting restarted its pull %d times", n)
 	}
-	loop.current().Stop() // silenced behind the worker's back
+	// Silenced behind the worker's back. Stop unsubscribes in the
+	// background: wait for that, then let the server see the UNSUB
+	// (Flush), so it drops the pull that was waiting. Otherwise the
+	// request published next may go to the dead inbox and come back only
+	// after AckWait: lost to this test, and no stall (nothing pending).
+	cc := loop.current()
+	cc.Stop()
+	select {
+	case <-cc.Closed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopped pull subscription did not close within 10s")
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	answer("after the pull went silent")
 	if n := loop.Restarts(); n < 1 {
 		t.Fatalf("answered without a restart of the pull (%d): the silence was not simulated", n)
