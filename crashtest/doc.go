@@ -5,5 +5,9 @@
 // result and the store (through the HTTP read API) against a reference
 // model kept by the test. See crash_test.go for how to run it.
 //
+// The dynamic-mode tests keep their members' logs in a temporary directory
+// (the test log names it) when they fail, and after a pass too with
+// TELHA_KEEP_LOGS=1.
+//
 // The package has no non-test code; everything lives in _test.go files.
 package crashtest

@@ -50,7 +50,8 @@ type consumeLoop struct {
 	handler  jetstream.MessageHandler
 	opts     []jetstream.PullConsumeOpt
 	received atomic.Uint64
-	busy     func() bool // whether the worker holds any message
+	looks    atomic.Int64 // answered looks while idle (tests wait on it)
+	busy     func() bool  // whether the worker holds any message
 
 	mu       sync.Mutex
 	cc       jetstream.ConsumeContext
@@ -127,6 +128,7 @@ func (l *consumeLoop) watch(ctx context.Context, period time.Duration) {
 		}
 		cur := stallSample{pending: info.NumPending, ackPending: info.NumAckPending, delivered: info.Delivered.Stream,
 			received: l.received.Load(), paused: info.Paused}
+		l.looks.Add(1)
 		if havePrev && stalled(prev, cur, l.w.cfg.MaxAckPending) {
 			l.w.log.Warn("consume: the consumer holds requests but delivered none of them for a while; restarting the pull (nats.go#2063)",
 				"pending", cur.pending, "ack_pending", cur.ackPending, "last_delivered_seq", cur.delivered, "silent_for", 2*period)

@@ -102,7 +102,8 @@ func TestStallWatchRestartsASilentPull(t *testing.T) {
 	testnats.Eventually(t, 10*time.Second, "the worker's consume loop", func() bool { return w.loop.Load() != nil })
 	loop := w.loop.Load()
 	// Idle, nothing waiting, for ten looks: no restart.
-	time.Sleep(time.Second) // lets the watch look while idle (not a synchronisation: a restart here fails below)
+	seen := loop.looks.Load()
+	testnats.Eventually(t, 20*time.Second, "ten looks of the stall watch while idle", func() bool { return loop.looks.Load() >= seen+10 })
 	if n := loop.Restarts(); n != 0 {
 		t.Fatalf("an idle worker with nothing waiting restarted its pull %d times", n)
 	}
