@@ -75,6 +75,9 @@ func ApplyTo(db *pebble.DB, seq uint64, writeSet []byte, sync bool) error {
 	if err := MarkApplied(b, seq); err != nil {
 		return err
 	}
+	if err := markPendingScrub(b, seq, writeSet); err != nil {
+		return err
+	}
 	opts := pebble.NoSync
 	if sync {
 		opts = pebble.Sync
