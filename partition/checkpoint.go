@@ -3,6 +3,7 @@ package partition
 import (
 	"archive/tar"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +65,13 @@ type CheckpointInfo struct {
 	// Existed: SaveCheckpoint found this checkpoint already stored (nothing
 	// committed since) and kept it rather than upload it again.
 	Existed bool
+	// Tables is how many tables the checkpoint holds (format 2), and
+	// TablesUploaded how many of them this save uploaded (the others were
+	// in the bucket already).
+	Tables, TablesUploaded int
+	// BytesUploaded is what this save sent to the bucket: the new tables,
+	// the table list and the archive of the other files.
+	BytesUploaded uint64
 }
 
 // CheckpointName is the object name of partition p's checkpoint at seq.
@@ -103,24 +111,62 @@ const (
 	metaPartition = "telha-partition"
 	metaSeq       = "telha-seq"
 	metaFormat    = "telha-format"
-	formatTarV1   = "pebble-checkpoint-tar/1"
+	// formatTarV1: the archive holds every file of the Pebble checkpoint
+	// (releases before issue 29; still restored).
+	formatTarV1 = "pebble-checkpoint-tar/1"
+	// formatTarV2: the archive holds every file but the tables, and a
+	// table list (tablesFile); each table is an object of its own, named by
+	// its content and shared by every checkpoint that holds it (tables.go).
+	formatTarV2 = "pebble-checkpoint-tar/2"
 )
 
-// SaveCheckpoint takes a Pebble checkpoint of db (partition p's store) and
-// puts it, as a tar archive, into obs under CheckpointName(p, seq), where
-// seq is the applied sequence recorded INSIDE the checkpoint. The writer
-// may go on committing while this runs: the checkpoint is one consistent
-// view, and the applied key in that view is the only exact answer to "which
-// sequence does it reflect" (a sequence read before or after could be off
-// by whatever committed in between, and a checkpoint of a store committed
+// SaveOptions tunes SaveCheckpointWith.
+type SaveOptions struct {
+	// Staging is the directory the Pebble checkpoint is staged in, under a
+	// fresh ".checkpoint-*" directory removed when the save returns. It
+	// should be on the store's own filesystem, where Pebble hard-links the
+	// tables instead of copying them (issue 29 item 2: the chart's /tmp is
+	// a 64 MiB emptyDir). "" stages in the OS temp directory.
+	Staging string
+	// Tables caches the digests of the tables of one open store across
+	// saves, so a save hashes only the tables written since the last one.
+	// nil hashes every table.
+	Tables *TableDigests
+	// ChunkSize is the chunk size of the stored objects (ChunkSizeFor the
+	// connection's max payload); 0 is DefaultChunkSize.
+	ChunkSize uint32
+}
+
+// SaveCheckpoint is SaveCheckpointWith without options.
+func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB) (CheckpointInfo, error) {
+	return SaveCheckpointWith(ctx, obs, p, db, SaveOptions{})
+}
+
+// SaveCheckpointWith takes a Pebble checkpoint of db (partition p's store)
+// and stores it in obs under CheckpointName(p, seq), where seq is the
+// applied sequence recorded INSIDE the checkpoint. The writer may go on
+// committing while this runs: the checkpoint is one consistent view, and
+// the applied key in that view is the only exact answer to "which sequence
+// does it reflect" (a sequence read before or after could be off by
+// whatever committed in between, and a checkpoint of a store committed
 // without fsync can lag the last commit it was "taken after": measured in
 // TestCheckpointPruneRestoreReplay before WithFlushedWAL was added, a
 // checkpoint held sequence 15 while the owner had committed 17). The
 // checkpoint is opened read-only before upload, which also proves it opens.
-func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB) (CheckpointInfo, error) {
-	tmp, err := os.MkdirTemp("", "telha-ckpt-*")
+//
+// Incremental (format 2): every table (an immutable .sst) is uploaded once,
+// as the object TableObject(p, its SHA-256), unless the bucket holds it
+// already; the checkpoint's own object is a tar of the other files
+// (MANIFEST, OPTIONS, WAL) and the table list. So a save uploads what
+// changed since the last one (the memtables flushed, the compactions'
+// outputs), not the store. The table list is also stored alone
+// (TablesName) for CollectTables. The checkpoint object is written last:
+// it is the commit point, and a save cut short leaves only tables that the
+// next CollectTables deletes.
+func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, db *pebble.DB, opts SaveOptions) (CheckpointInfo, error) {
+	tmp, err := os.MkdirTemp(opts.Staging, StagingPrefix+"*")
 	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint temp dir: %w", p, err)
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint staging dir: %w", p, err)
 	}
 	defer os.RemoveAll(tmp)
 	dir := filepath.Join(tmp, "ckpt")
@@ -144,22 +190,71 @@ func SaveCheckpoint(ctx context.Context, obs jetstream.ObjectStore, p int, db *p
 	} else if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}
+	chunk := opts.ChunkSize
+	if chunk == 0 {
+		chunk = DefaultChunkSize
+	}
+	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk)
+	if err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	}
+	list, err := json.Marshal(tableList{Format: 2, Tables: up.tables})
+	if err != nil {
+		return CheckpointInfo{}, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, tablesFile), list, 0o644); err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	}
+	if _, err := obs.PutBytes(ctx, TablesName(p, seq), list); err != nil {
+		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: table list: %w", p, name, err)
+	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, dir)) }()
+	go func() { pw.CloseWithError(writeTar(pw, dir, isTable)) }()
 	info, err := obs.Put(ctx, jetstream.ObjectMeta{
 		Name:        name,
 		Description: fmt.Sprintf("partition %d at changelog sequence %d", p, seq),
 		Metadata: map[string]string{
 			metaPartition: strconv.Itoa(p),
 			metaSeq:       strconv.FormatUint(seq, 10),
-			metaFormat:    formatTarV1,
+			metaFormat:    formatTarV2,
 		},
+		Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk},
 	}, pr)
 	pr.CloseWithError(io.ErrClosedPipe) // stop the writer if Put returned early
 	if err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: upload checkpoint %s: %w", p, name, err)
 	}
-	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size, Modified: info.ModTime}, nil
+	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size + up.total, Modified: info.ModTime,
+		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list))}, nil
+}
+
+// StagingPrefix starts the name of a directory SaveCheckpointWith stages
+// in. One left by a crash holds a whole copy of the store: a start removes
+// it (RemoveStaging).
+const StagingPrefix = ".checkpoint-"
+
+// RemoveStaging removes the staging directories a save or a restore cut
+// short by a crash left in dir (".checkpoint-*", ".restore-*"), and
+// returns their names.
+func RemoveStaging(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range entries {
+		if !e.IsDir() || !(strings.HasPrefix(e.Name(), StagingPrefix) || strings.HasPrefix(e.Name(), restorePrefix)) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return removed, err
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, nil
 }
 
 // appliedSeqInDir opens the Pebble store in dir read-only and returns its
@@ -182,8 +277,9 @@ func (quietLogger) Infof(string, ...any)         {}
 func (quietLogger) Errorf(string, ...any)        {}
 func (quietLogger) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
 
-// writeTar writes the regular files and directories under dir to w.
-func writeTar(w io.Writer, dir string) error {
+// writeTar writes the regular files and directories under dir to w,
+// except the files skip says to leave out.
+func writeTar(w io.Writer, dir string, skip func(name string) bool) error {
 	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || path == dir {
@@ -199,6 +295,9 @@ func writeTar(w io.Writer, dir string) error {
 		}
 		if !info.Mode().IsRegular() && !info.IsDir() {
 			return fmt.Errorf("checkpoint holds %s, neither file nor directory", rel)
+		}
+		if skip != nil && info.Mode().IsRegular() && skip(rel) {
+			return nil
 		}
 		hdr, err := tar.FileInfoHeader(info, "")
 		if err != nil {
@@ -257,6 +356,9 @@ func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]C
 	return out, nil
 }
 
+// restorePrefix starts the name of a directory Restore stages in.
+const restorePrefix = ".restore-"
+
 // Restore fetches partition p's newest checkpoint into dstDir, which must
 // not exist or be empty, and returns the changelog sequence it reflects:
 // replay from seq + 1 to catch up. It extracts into a sibling temporary
@@ -275,17 +377,39 @@ func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir strin
 	if len(cps) == 0 {
 		return 0, fmt.Errorf("partition %d: %w", p, ErrNoCheckpoint)
 	}
-	cp := cps[len(cps)-1]
+	// The newest first; one that does not restore (a table gone: a zombie
+	// owner's save raced a collection) is passed over for the next older.
+	var first error
+	for i := len(cps) - 1; i >= 0; i-- {
+		seq, err := restoreOne(ctx, obs, p, cps[i], dstDir)
+		if err == nil {
+			return seq, nil
+		}
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return 0, first
+}
+
+// restoreOne restores checkpoint cp into dstDir (see Restore).
+func restoreOne(ctx context.Context, obs jetstream.ObjectStore, p int, cp CheckpointInfo, dstDir string) (uint64, error) {
 	parent := filepath.Dir(filepath.Clean(dstDir))
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
 	}
-	tmp, err := os.MkdirTemp(parent, ".restore-*")
+	tmp, err := os.MkdirTemp(parent, restorePrefix+"*")
 	if err != nil {
 		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed
 	if err := fetchCheckpoint(ctx, obs, cp.Name, tmp); err != nil {
+		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
+	}
+	if err := fetchTables(ctx, obs, p, tmp); err != nil {
 		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
 	}
 	seq, err := appliedSeqInDir(tmp)

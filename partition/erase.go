@@ -31,20 +31,34 @@ import (
 // holding the writer, right after a checkpoint of the scrubbed store, and
 // every checkpoint is deleted with DeleteCheckpoint.
 
-// DeleteCheckpoint deletes object name from the checkpoint bucket obs (of
-// bucket name bucket, in js) so that no block file of the bucket's stream
-// keeps its bytes: each of its chunk messages is overwritten in place by
-// the server (secure delete), then the object is deleted (its meta message
-// says deleted; it names the checkpoint, and holds no data). An object that
-// is already gone is not an error. A crash between the two steps leaves an
+// DeleteCheckpoint deletes checkpoint name and its table list (format 2)
+// with DeleteObject. The tables it held stay until CollectTables finds no
+// checkpoint naming them.
+func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string) error {
+	if p, seq, ok := parseCheckpointName(name); ok {
+		// Format 2: its table list goes first, so no list outlives its
+		// checkpoint (the tables go with the next CollectTables).
+		if err := DeleteObject(ctx, js, obs, bucket, TablesName(p, seq)); err != nil {
+			return err
+		}
+	}
+	return DeleteObject(ctx, js, obs, bucket, name)
+}
+
+// DeleteObject deletes object name from the bucket obs (of bucket name
+// bucket, in js) so that no block file of the bucket's stream keeps its
+// bytes: each of its chunk messages is overwritten in place by the server
+// (secure delete), then the object is deleted (its meta message says
+// deleted; it names the object, and holds no data). An object that is
+// already gone is not an error. A crash between the two steps leaves an
 // object whose chunks are gone: its read fails its digest check, and the
-// next DeleteCheckpoint of it finishes the job.
+// next DeleteObject of it finishes the job.
 //
 // Cost: each overwrite rewrites the block file that holds the chunk (up
-// to 8 MB on the server's default for a limits stream), so deleting a
-// checkpoint of C bytes in 128 KB chunks writes up to 64 x C on the NATS
-// server's disk.
-func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string) error {
+// to 8 MB on the server's default for a limits stream), so deleting an
+// object of C bytes in chunks of K bytes writes up to C/K x 8 MB on the
+// NATS server's disk (ChunkSizeFor keeps K large).
+func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string) error {
 	info, err := obs.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil
@@ -57,7 +71,7 @@ func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream
 		subject := fmt.Sprintf("$O.%s.C.%s", bucket, info.NUID)
 		seqs, err := sequencesOf(ctx, js, stream, subject)
 		if err != nil {
-			return fmt.Errorf("partition: checkpoint %s: list its chunks: %w", name, err)
+			return fmt.Errorf("partition: object %s: list its chunks: %w", name, err)
 		}
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
@@ -65,7 +79,7 @@ func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream
 		}
 		for _, seq := range seqs {
 			if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-				return fmt.Errorf("partition: checkpoint %s: overwrite chunk at sequence %d: %w", name, seq, err)
+				return fmt.Errorf("partition: object %s: overwrite chunk at sequence %d: %w", name, seq, err)
 			}
 		}
 	}
@@ -73,7 +87,7 @@ func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream
 		return nil
 	}
 	if err := obs.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-		return fmt.Errorf("partition: delete checkpoint %s: %w", name, err)
+		return fmt.Errorf("partition: delete object %s: %w", name, err)
 	}
 	return nil
 }

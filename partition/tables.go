@@ -1,0 +1,343 @@
+package partition
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Tables as objects (checkpoint format 2, issue 29).
+//
+// Invariant (content addressing): the object TableObject(p, d) holds
+// exactly the bytes whose SHA-256 is d. So an object is uploaded once and
+// shared by every checkpoint that holds the table, a save uploads only the
+// tables written since the previous save, and a restore checks each
+// table's digest as it writes it.
+//
+// Invariant (collection): a table object is deleted only when no stored
+// checkpoint's table list (TablesName) names it. Saves and collections of
+// one partition run one at a time (the changelog's owner serialises them);
+// a save cut short leaves tables no list names, which the next collection
+// deletes. Every delete is a secure one (DeleteObject): a table that held a
+// value erased later must not outlive its last checkpoint in a block file.
+
+// tablesFile is the table list's name inside a format-2 archive.
+const tablesFile = "telha-tables.json"
+
+// tableList is a checkpoint's table list.
+type tableList struct {
+	Format int          `json:"format"`
+	Tables []tableEntry `json:"tables"`
+}
+
+type tableEntry struct {
+	Name   string `json:"name"`   // the file's name in the Pebble directory
+	Object string `json:"object"` // TableObject(p, SHA256)
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// TableObject is the object name of partition p's table with SHA-256 d
+// (hex).
+func TableObject(p int, d string) string { return fmt.Sprintf("partition-%d/sst/%s.sst", p, d) }
+
+// TablesName is the object name of the table list of partition p's
+// checkpoint at seq.
+func TablesName(p int, seq uint64) string {
+	return fmt.Sprintf("partition-%d/seq-%020d.tables", p, seq)
+}
+
+func isTable(name string) bool {
+	return strings.HasSuffix(name, ".sst") && !strings.ContainsRune(name, '/')
+}
+
+// TableDigests caches table digests across the saves of one open store: a
+// table file is immutable and its name is never reused while the store is
+// open, so its digest is computed once. Reset it when the store reopens.
+type TableDigests struct {
+	mu sync.Mutex
+	m  map[string]string // name + "/" + size -> hex SHA-256
+}
+
+func (t *TableDigests) get(key string) (string, bool) {
+	if t == nil {
+		return "", false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d, ok := t.m[key]
+	return d, ok
+}
+
+func (t *TableDigests) put(key, d string) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[string]string)
+	}
+	t.m[key] = d
+}
+
+// Reset forgets every digest (the store was closed and opened again).
+func (t *TableDigests) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.m = nil
+}
+
+type uploaded struct {
+	tables        []tableEntry
+	total         uint64 // bytes of every table
+	uploaded      int
+	uploadedBytes uint64
+}
+
+// uploadTables stores every table of the checkpoint in dir that the
+// bucket does not hold yet.
+func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32) (uploaded, error) {
+	var up uploaded
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return up, err
+	}
+	have, err := objectNames(ctx, obs, fmt.Sprintf("partition-%d/sst/", p))
+	if err != nil {
+		return up, err
+	}
+	for _, e := range entries {
+		if !isTable(e.Name()) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return up, err
+		}
+		path := filepath.Join(dir, e.Name())
+		key := fmt.Sprintf("%s/%d", e.Name(), info.Size())
+		d, ok := cache.get(key)
+		if !ok {
+			if d, err = digestFile(path); err != nil {
+				return up, err
+			}
+			cache.put(key, d)
+		}
+		obj := TableObject(p, d)
+		up.tables = append(up.tables, tableEntry{Name: e.Name(), Object: obj, Size: info.Size(), SHA256: d})
+		up.total += uint64(info.Size())
+		if have[obj] {
+			continue
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return up, err
+		}
+		_, err = obs.Put(ctx, jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}, f)
+		f.Close()
+		if err != nil {
+			return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
+		}
+		have[obj] = true
+		up.uploaded++
+		up.uploadedBytes += uint64(info.Size())
+	}
+	return up, nil
+}
+
+func digestFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// objectNames lists the live objects whose names start with prefix.
+func objectNames(ctx context.Context, obs jetstream.ObjectStore, prefix string) (map[string]bool, error) {
+	out := map[string]bool{}
+	objs, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list objects: %w", err)
+	}
+	for _, o := range objs {
+		if !o.Deleted && strings.HasPrefix(o.Name, prefix) {
+			out[o.Name] = true
+		}
+	}
+	return out, nil
+}
+
+// DefaultChunkSize is the Object Store's own chunk size, used when
+// SaveOptions.ChunkSize is 0.
+const DefaultChunkSize = 128 << 10
+
+// ChunkSizeFor returns the chunk size to store objects with over a
+// connection whose max payload is maxPayload: the largest a message may
+// carry, less room for headers. Fewer chunks make a secure delete cheaper:
+// the server rewrites a block file (up to 8 MB) for each chunk it
+// overwrites (erase.go).
+func ChunkSizeFor(maxPayload int64) uint32 {
+	if maxPayload <= 2*headerRoom+DefaultChunkSize {
+		return DefaultChunkSize
+	}
+	return uint32(min(maxPayload-2*headerRoom, 64<<20))
+}
+
+// fetchTables completes a format-2 archive extracted into dir: it reads
+// the table list, fetches every table into dir and checks its size and
+// digest. A format-1 archive (no list) holds its tables already.
+func fetchTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, tablesFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	list, err := decodeTableList(raw)
+	if err != nil {
+		return err
+	}
+	for _, t := range list.Tables {
+		if err := fetchTable(ctx, obs, t, filepath.Join(dir, t.Name)); err != nil {
+			return fmt.Errorf("table %s (%s): %w", t.Name, t.Object, err)
+		}
+	}
+	return os.Remove(filepath.Join(dir, tablesFile))
+}
+
+// decodeTableList decodes and checks a table list: names that stay in the
+// directory and are tables, objects named by their digests.
+func decodeTableList(raw []byte) (tableList, error) {
+	var list tableList
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&list); err != nil {
+		return tableList{}, fmt.Errorf("%w: table list: %w", ErrCorrupt, err)
+	}
+	if list.Format != 2 {
+		return tableList{}, fmt.Errorf("%w: table list of format %d", ErrCorrupt, list.Format)
+	}
+	seen := map[string]bool{}
+	for _, t := range list.Tables {
+		d, err := hex.DecodeString(t.SHA256)
+		if !isTable(t.Name) || !filepath.IsLocal(t.Name) || seen[t.Name] || err != nil || len(d) != sha256.Size || t.Size < 0 ||
+			!strings.HasSuffix(t.Object, "/sst/"+t.SHA256+".sst") {
+			return tableList{}, fmt.Errorf("%w: table list entry %+v", ErrCorrupt, t)
+		}
+		seen[t.Name] = true
+	}
+	return list, nil
+}
+
+func fetchTable(ctx context.Context, obs jetstream.ObjectStore, t tableEntry, path string) error {
+	res, err := obs.Get(ctx, t.Object)
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), res)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if n != t.Size || hex.EncodeToString(h.Sum(nil)) != t.SHA256 {
+		return fmt.Errorf("%w: %d bytes of digest %x, want %d bytes of %s", ErrCorrupt, n, h.Sum(nil), t.Size, t.SHA256)
+	}
+	return nil
+}
+
+// CollectTables deletes, securely, every table object of partition p that
+// no stored checkpoint's table list names, and returns how many it deleted
+// and their bytes. A format-2 checkpoint whose list cannot be read stops
+// the collection (nothing is deleted on a guess).
+func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int) (n int, size uint64, err error) {
+	cps, err := ListCheckpoints(ctx, obs, p)
+	if err != nil {
+		return 0, 0, err
+	}
+	keep := map[string]bool{}
+	for _, cp := range cps {
+		raw, err := obs.GetBytes(ctx, TablesName(p, cp.Seq))
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			continue // format 1: its tables are inside it
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
+		}
+		list, err := decodeTableList(raw)
+		if err != nil {
+			return 0, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
+		}
+		for _, t := range list.Tables {
+			keep[t.Object] = true
+		}
+	}
+	objs, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("partition %d: list objects: %w", p, err)
+	}
+	prefix := fmt.Sprintf("partition-%d/", p)
+	for _, o := range objs {
+		if o.Deleted || keep[o.Name] || !strings.HasPrefix(o.Name, prefix) {
+			continue
+		}
+		rest := strings.TrimPrefix(o.Name, prefix)
+		orphanList := strings.HasSuffix(rest, ".tables") && !listed(cps, o.Name, p)
+		if !strings.HasPrefix(rest, "sst/") && !orphanList {
+			continue
+		}
+		if err := DeleteObject(ctx, js, obs, bucket, o.Name); err != nil {
+			return n, size, err
+		}
+		n++
+		size += o.Size
+	}
+	return n, size, nil
+}
+
+// listed reports whether the table list name belongs to a stored
+// checkpoint.
+func listed(cps []CheckpointInfo, name string, p int) bool {
+	for _, cp := range cps {
+		if TablesName(p, cp.Seq) == name {
+			return true
+		}
+	}
+	return false
+}
