@@ -78,6 +78,9 @@ type Config struct {
 	// Default 5 s: above a leader election on a healthy cluster, so a retry
 	// is rarely needed.
 	AttemptTimeout time.Duration
+	// IdleCheck is how long a reader (Replay, Tail) waits with nothing
+	// delivered before it checks that no purge overtook it. Default 1 s.
+	IdleCheck time.Duration
 	// MaxPartBytes is the largest data of one message. Default (and upper
 	// bound): the server's max payload as the connection reports it, less
 	// 1 KiB for headers. Write-sets above it are split into parts.
@@ -102,6 +105,9 @@ func (c Config) withDefaults(maxPayload int64) (Config, error) {
 	}
 	if c.AttemptTimeout == 0 {
 		c.AttemptTimeout = 5 * time.Second
+	}
+	if c.IdleCheck <= 0 {
+		c.IdleCheck = time.Second
 	}
 	limit := int(maxPayload) - headerRoom
 	if limit < 1 {

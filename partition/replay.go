@@ -3,6 +3,7 @@ package partition
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -113,13 +114,26 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 	}()
 	var asm assembler
 	next := fromSeq
+	// A purge can overtake an idle reader: with nothing delivered, it
+	// would wait for the next append to see the gap, its copy meanwhile
+	// holding what an erase's purge removed (issue 29 item 3). So a reader
+	// idle for IdleCheck asks the stream where it starts.
+	idle := time.NewTimer(c.cfg.IdleCheck)
+	defer idle.Stop()
 	for {
 		var d delivery
 		select {
 		case d = <-deliveries:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-idle.C:
+			if err := c.checkNotOvertaken(ctx, next); err != nil {
+				return err
+			}
+			idle.Reset(c.cfg.IdleCheck)
+			continue
 		}
+		idle.Reset(c.cfg.IdleCheck)
 		msg, err := d.msg, d.err
 		if err != nil {
 			if ctx.Err() != nil {
@@ -214,4 +228,24 @@ func (a *assembler) dropTorn() {
 		a.first, a.n, a.next = 0, 0, 0
 		a.buf = a.buf[:0]
 	}
+}
+
+// checkNotOvertaken returns ErrTruncated when the stream now starts above
+// next, the sequence this reader needs: a purge removed what it had not
+// read yet.
+func (c *Changelog) checkNotOvertaken(ctx context.Context, next uint64) error {
+	ictx, cancel := c.apiContext(ctx)
+	defer cancel()
+	info, err := c.stream.Info(ictx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return nil // the delivery path reports a lost stream; this check only looks for purges
+	}
+	if info.State.FirstSeq > next {
+		return fmt.Errorf("%w: partition %d: need sequence %d, a purge moved the log's start to %d while this reader was idle",
+			ErrTruncated, c.cfg.Partition, next, info.State.FirstSeq)
+	}
+	return nil
 }

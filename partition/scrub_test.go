@@ -3,6 +3,7 @@ package partition
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -178,5 +179,57 @@ func waitNoFiles(t testing.TB, dir, s string) {
 			t.Fatalf("files still holding %q: %v", s, files)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestIdleReaderNoticesAPurgeThatOvertookIt (issue 29 item 3): a tailing
+// reader whose client buffer holds part of the log when the owner purges
+// past it drains the buffer and then, idle, finds the gap itself: Tail
+// returns ErrTruncated (its standby catches up from a checkpoint and is not
+// ready meanwhile) instead of waiting, ready, on a copy that holds what the
+// purge removed.
+func TestIdleReaderNoticesAPurgeThatOvertookIt(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	cl, err := Open(ctx, js, Config{Partition: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := Open(ctx, js, Config{Partition: 2, IdleCheck: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := openDB(t, "")
+	o := newOwner(t, cl, src, 2)
+	o.mustCommit(ctx, 0)
+	gate := make(chan struct{})
+	first := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		n := 0
+		done <- reader.Tail(ctx, 1, func(uint64, []byte) error {
+			n++
+			if n == 1 {
+				close(first)
+				<-gate // hold the reader while the owner runs ahead
+			}
+			return nil
+		})
+	}()
+	<-first
+	for range 1000 { // more than the reader's buffer (512 messages)
+		o.mustCommit(ctx, 0)
+	}
+	if err := cl.PurgeBelow(ctx, cl.Last()+1); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrTruncated) {
+			t.Fatalf("Tail returned %v, want ErrTruncated", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the overtaken reader never noticed the purge")
 	}
 }
