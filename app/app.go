@@ -68,6 +68,11 @@ type Options struct {
 	// scheduled checkpoint purges the changelog only below what they
 	// still need (they would otherwise restore a checkpoint again).
 	StandbyApplied func() []uint64
+	// CopyScrubStep, when set, is called at each step of an erase's scrub
+	// of the copies that runs beside the writer ("checkpointed": after step
+	// 1; "purged": after step 3), on the scrub's goroutine (tests hold it
+	// there).
+	CopyScrubStep func(step string)
 }
 
 // App is a running worker.
@@ -266,6 +271,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
+		cl.scrubStep = opts.CopyScrubStep
 		a.changelog, durable, copies = cl, cl.cl, cl
 	}
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{

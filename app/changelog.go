@@ -145,8 +145,19 @@ type ChangelogStatus struct {
 	LastErr        string
 	PurgedBelow    uint64
 	// EraseScrubs counts the erases that reached the changelog and the
-	// checkpoints (ScrubCopies).
+	// checkpoints (ScrubCopies), and LastScrub is the last one's cost.
 	EraseScrubs int
+	LastScrub   ScrubStatus
+}
+
+// ScrubStatus is what one scrub of the copies cost.
+type ScrubStatus struct {
+	Marker          uint64        // the erase marker's sequence
+	Took            time.Duration // from the call to the end (the erase's result waits for it)
+	WriterHeld      time.Duration // step 3, the only one on the writer
+	BytesUploaded   uint64        // sent to the checkpoint bucket
+	TablesCollected int           // table objects deleted (securely)
+	BytesCollected  uint64
 }
 
 // changelog is the running changelog of a replica.
@@ -162,7 +173,18 @@ type changelog struct {
 	// standbys (dynamic mode; nil otherwise).
 	standbys func() []uint64
 
-	mu     sync.Mutex // one checkpoint at a time; guards status
+	// run admits one checkpoint or copy scrub at a time; it is taken with
+	// the caller's context (lock), so a scrub bounded to a minute never
+	// waits out a scheduled checkpoint's ten (issue 29 item 5).
+	run      chan struct{}
+	tables   partition.TableDigests // digests of the open store's tables
+	chunk    uint32                 // object chunk size (partition.ChunkSizeFor)
+	staging  string                 // the data directory: checkpoints stage on its filesystem
+	scrubbed uint64                 // the highest erase marker a finished scrub covered (under run)
+	// scrubStep is Options.CopyScrubStep.
+	scrubStep func(step string)
+
+	mu     sync.Mutex // guards status
 	status ChangelogStatus
 	db     atomic.Pointer[pebble.DB]
 	cron   *cron.Cron
@@ -212,7 +234,8 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 		}
 		cancel()
 		if err == nil {
-			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: a.standbyApplied}
+			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: a.standbyApplied,
+				run: make(chan struct{}, 1), chunk: partition.ChunkSizeFor(a.nc.MaxPayload()), staging: a.cfg.DataDir}
 			c.status = ChangelogStatus{Mode: ChangelogJetStream, Stream: cl.Config().StreamName(), Subject: cl.Config().Subject(),
 				Bucket: cc.Bucket, Partition: pc.Partition}
 			return c, nil
@@ -303,6 +326,13 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		return nil, err
 	}
 	c.status.LogID = id
+	// A save or a restore cut short by a crash leaves a whole copy of the
+	// store in a staging directory; no erase would ever reach it.
+	if removed, err := partition.RemoveStaging(c.staging); err != nil {
+		return nil, fmt.Errorf("changelog: removing staging directories in %s: %w", c.staging, err)
+	} else if len(removed) > 0 {
+		c.log.Info("changelog: removed staging directories a crash left", "dir", c.staging, "removed", removed)
+	}
 	restored := false
 	var db *pebble.DB
 	closeDB := func() error {
@@ -388,7 +418,7 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 			if err := c.dropCheckpoints(ctx); err != nil {
 				return nil, err
 			}
-			info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+			info, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions())
 			if err != nil {
 				return nil, fmt.Errorf("changelog: seed checkpoint: %w", err)
 			}
@@ -422,6 +452,14 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		})
 		if err != nil {
 			return nil, fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
+		}
+		// The erase markers replayed (and any a stopped copy left pending)
+		// are compacted before the copy serves or tails: a catch-up scrubs
+		// like the tail (issue 29 item 4).
+		if n, err := partition.ScrubPending(ctx, db); err != nil {
+			return nil, fmt.Errorf("changelog: an erase's compaction after the replay: %w", err)
+		} else if n > 0 {
+			c.log.Info("changelog: compacted the ranges of erases the replay applied", "erases", n)
 		}
 		out := db
 		db = nil // not closed by the defer: the caller's
@@ -484,6 +522,7 @@ func isEmpty(db *pebble.DB) (bool, error) {
 
 // start runs checkpoints of db on the schedule until stopCheckpoints.
 func (c *changelog) start(db *pebble.DB) error {
+	c.tables.Reset() // another Pebble: its table names say nothing of the last one's
 	c.db.Store(db)
 	sched, err := reaper.ParseSchedule(c.cfg.CheckpointSchedule)
 	if err != nil {
@@ -521,9 +560,27 @@ func (c *changelog) stopCheckpoints(wait bool) {
 	}
 }
 
-// checkpoint saves one checkpoint, prunes to --checkpoints-keep and purges
-// the changelog below the oldest kept, and below what each tailing standby
-// still needs (dynamic mode).
+// lock takes c.run, or fails when ctx ends first.
+func (c *changelog) lock(ctx context.Context) error {
+	select {
+	case c.run <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *changelog) unlock() { <-c.run }
+
+// saveOptions are the options of every save of this changelog's store.
+func (c *changelog) saveOptions() partition.SaveOptions {
+	return partition.SaveOptions{Staging: c.staging, Tables: &c.tables, ChunkSize: c.chunk}
+}
+
+// checkpoint saves one checkpoint, prunes to --checkpoints-keep, purges
+// the changelog below the oldest kept and below what each tailing standby
+// still needs (dynamic mode), and collects the tables no kept checkpoint
+// holds.
 func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
 	// The standbys' positions are read before the lock: the member that
 	// reports them takes its own lock, and may hold it while it reads this
@@ -532,15 +589,18 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	if c.standbys != nil {
 		standbys = c.standbys()
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lock(ctx); err != nil {
+		return partition.CheckpointInfo{}, fmt.Errorf("changelog: checkpoint: waiting for the one in progress: %w", err)
+	}
+	defer c.unlock()
 	db := c.db.Load()
 	if db == nil {
 		return partition.CheckpointInfo{}, errors.New("changelog: store not open")
 	}
 	t0 := time.Now()
-	info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+	info, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions())
 	var floor uint64
+	var collected int
 	if err == nil {
 		var need uint64
 		need, err = partition.PruneWith(ctx, c.obs, c.part, c.cfg.CheckpointsKeep, c.deleteCheckpoint)
@@ -548,7 +608,12 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 			floor = partition.PurgeFloor(need, standbys...)
 			err = c.cl.PurgeBelow(ctx, floor)
 		}
+		if err == nil {
+			collected, _, err = partition.CollectTables(ctx, c.js, c.obs, c.status.Bucket, c.part)
+		}
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.status.LastAt = time.Now()
 	if err != nil {
 		c.status.LastErr = err.Error()
@@ -557,49 +622,61 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	}
 	c.status.Checkpoints++
 	c.status.LastCheckpoint, c.status.LastErr, c.status.PurgedBelow = info, "", floor
-	c.log.Info("changelog: checkpoint", "name", info.Name, "seq", info.Seq, "bytes", info.Size, "purged_below", floor, "took", time.Since(t0))
+	c.log.Info("changelog: checkpoint", "name", info.Name, "seq", info.Seq, "bytes", info.Size, "uploaded_bytes", info.BytesUploaded,
+		"tables", info.Tables, "tables_uploaded", info.TablesUploaded, "tables_collected", collected, "purged_below", floor, "took", time.Since(t0))
 	return info, nil
 }
 
-// copyScrubTimeout bounds one scrub of the copies: the writer is held
-// while it runs (every request waits), so a NATS that does not answer
-// fails the erase's attempt (retried after a backoff) rather than stalling
-// the replica.
+// copyScrubTimeout bounds one scrub of the copies. The writer is not held
+// while it runs (only its last step holds it), but the erase's result
+// waits for it: a NATS that does not answer fails the erase's attempt
+// (retried after a backoff).
 const copyScrubTimeout = 2 * time.Minute
 
-// ScrubCopies makes an erase reach the changelog and the checkpoints
-// (storage.CopyScrubber; issue 21 item 6). The store calls it after its own
-// scrub, on its writer, right after committing a marker write-set, so the
-// log ends at that marker's sequence S and nothing appends until it
-// returns:
+// standbyCatchUpWait bounds how long a scrub waits for the standbys to
+// apply its checkpoint's sequence before it purges the changelog anyway
+// (a standby overtaken by the purge catches up from that checkpoint).
+const standbyCatchUpWait = 10 * time.Second
+
+// ScrubCopies makes an erase reach the changelog, the checkpoints and the
+// standbys (storage.CopyScrubber; issue 29). The store calls it after its
+// own scrub and after committing the erase's marker at sequence marker;
+// the writer is free, and other groups commit while it runs:
 //
-//	checkpoint the scrubbed store       it reflects S (checked) and holds no
-//	                                    erased byte; it is the newest
-//	purge the changelog below S + 1     the whole stream: the server deletes
-//	                                    every block file (a purge below a
-//	                                    sequence inside a block would keep
-//	                                    that block's purged bytes)
-//	delete every older checkpoint       each chunk overwritten in place by
-//	                                    the server, then the object deleted
+//	1 beside the writer  checkpoint the store (incremental: the tables
+//	                     written since the last one, among them the erase's
+//	                     compaction outputs); its sequence C >= marker
+//	2 beside the writer  wait (bounded) until every standby has applied C
+//	3 on the writer      the log stands still at L >= C: if L > C, save
+//	                     again (only what the groups of step 1 wrote), then
+//	                     purge the changelog whole, below L + 1 (the server
+//	                     deletes every block file: a purge inside a block
+//	                     would keep the purged messages' bytes, erase.go)
+//	4 beside the writer  delete every older checkpoint and collect the
+//	                     tables no kept checkpoint holds, each overwritten
+//	                     in place by the server (partition.DeleteObject)
 //
-// Rule (standbys, when they exist): the purge below S + 1 must wait until
-// every standby has applied S (PurgeFloor with their applied sequences);
-// until then this returns an error, and the erase's result waits.
-//
-// An error leaves the erase unfinished (no receipt, no result): the reaper
-// retries it after a backoff, and each retry checkpoints again. Between the
-// checkpoint and the deletes the bucket holds the new checkpoint as its
-// newest, so a restore at any point finds a clean one; the changelog is
-// purged only once that checkpoint is stored.
-func (c *changelog) ScrubCopies(ctx context.Context) (err error) {
+// Batched: a scrub that finishes covers every marker below its purge, so
+// an erase whose marker a later scrub already covered returns at once.
+// The older checkpoints are deleted only once the new one is stored, so a
+// restore at any point finds a clean one; the changelog is purged only
+// once a checkpoint at its last sequence is stored.
+func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter func(context.Context, func() error) error) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, copyScrubTimeout)
 	defer cancel()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lock(ctx); err != nil {
+		return fmt.Errorf("changelog: an erase's scrub waited for the checkpoint in progress: %w", err)
+	}
+	defer c.unlock()
+	if c.scrubbed >= marker {
+		return nil
+	}
 	t0 := time.Now()
 	defer func() {
 		if err != nil {
+			c.mu.Lock()
 			c.status.LastErr = err.Error()
+			c.mu.Unlock()
 			c.log.Error("changelog: an erase could not reach the changelog or the checkpoints: they may still hold its data; "+
 				"its result waits, and it is retried after a backoff", "stream", c.status.Stream, "bucket", c.status.Bucket, "err", err)
 		}
@@ -608,33 +685,47 @@ func (c *changelog) ScrubCopies(ctx context.Context) (err error) {
 	if db == nil {
 		return errors.New("changelog: store not open")
 	}
-	info, err := partition.SaveCheckpoint(ctx, c.obs, c.part, db)
+	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions())
 	if err != nil {
 		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
 	}
-	if info.Existed {
-		// The store's marker makes the sequence new: a checkpoint already
-		// named after it may predate the scrub.
-		return fmt.Errorf("changelog: a checkpoint at the erase's sequence %d already existed: not trusting it", info.Seq)
+	if first.Seq < marker {
+		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d, below the erase's marker %d", first.Seq, marker)
 	}
-	if last := c.cl.Last(); info.Seq != last {
-		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d but the log ends at %d: not purging", info.Seq, last)
+	c.step("checkpointed")
+	c.waitStandbys(ctx, first.Seq)
+	final, purged := first, uint64(0)
+	var held time.Duration
+	err = onWriter(ctx, func() error {
+		h0 := time.Now()
+		defer func() { held = time.Since(h0) }()
+		last := c.cl.Last()
+		if last != first.Seq {
+			var err error
+			if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions()); err != nil {
+				return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
+			}
+			if final.Seq != last {
+				return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d but the log ends at %d: not purging", final.Seq, last)
+			}
+		}
+		if err := c.cl.PurgeBelow(ctx, last+1); err != nil {
+			return fmt.Errorf("changelog: purge after an erase: %w", err)
+		}
+		purged = last + 1
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	// No standbys in this step: the checkpoint alone sets the floor.
-	floor := partition.PurgeFloor(info.Seq + 1)
-	if floor < info.Seq+1 {
-		return fmt.Errorf("changelog: a standby has applied only up to %d, below the erase's checkpoint at %d: the changelog cannot be purged yet", floor-1, info.Seq)
-	}
-	if err := c.cl.PurgeBelow(ctx, floor); err != nil {
-		return fmt.Errorf("changelog: purge after an erase: %w", err)
-	}
+	c.step("purged")
 	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
 	if err != nil {
 		return err
 	}
 	deleted := 0
 	for _, cp := range cps {
-		if cp.Seq >= info.Seq {
+		if cp.Seq >= final.Seq {
 			continue
 		}
 		if err := c.deleteCheckpoint(ctx, cp.Name); err != nil {
@@ -642,10 +733,65 @@ func (c *changelog) ScrubCopies(ctx context.Context) (err error) {
 		}
 		deleted++
 	}
+	collected, collectedBytes, err := partition.CollectTables(ctx, c.js, c.obs, c.status.Bucket, c.part)
+	if err != nil {
+		return fmt.Errorf("changelog: collect tables after an erase: %w", err)
+	}
+	c.scrubbed = purged - 1
+	c.mu.Lock()
 	c.status.Checkpoints++
-	c.status.LastCheckpoint, c.status.LastAt, c.status.LastErr, c.status.PurgedBelow = info, time.Now(), "", floor
+	c.status.LastCheckpoint, c.status.LastAt, c.status.LastErr, c.status.PurgedBelow = final, time.Now(), "", purged
 	c.status.EraseScrubs++
-	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", info.Name, "seq", info.Seq, "bytes", info.Size,
-		"purged_below", floor, "checkpoints_deleted", deleted, "writer_held", time.Since(t0))
+	c.status.LastScrub = ScrubStatus{Marker: marker, Took: time.Since(t0), WriterHeld: held,
+		BytesUploaded: first.BytesUploaded + ifNew(final, first).BytesUploaded, TablesCollected: collected, BytesCollected: collectedBytes}
+	c.mu.Unlock()
+	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", final.Name, "seq", final.Seq,
+		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
+		"tables_collected", collected, "bytes_collected", collectedBytes, "writer_held", held, "took", time.Since(t0))
 	return nil
+}
+
+func (c *changelog) step(name string) {
+	if c.scrubStep != nil {
+		c.scrubStep(name)
+	}
+}
+
+// ifNew returns b when it is another save than a, and the zero info when
+// it is the same one (step 3 saved nothing new).
+func ifNew(b, a partition.CheckpointInfo) partition.CheckpointInfo {
+	if b.Name == a.Name {
+		return partition.CheckpointInfo{}
+	}
+	return b
+}
+
+// waitStandbys waits, bounded by standbyCatchUpWait, until every ready
+// standby of the slot reports an applied sequence of at least seq.
+func (c *changelog) waitStandbys(ctx context.Context, seq uint64) {
+	if c.standbys == nil {
+		return
+	}
+	deadline := time.Now().Add(standbyCatchUpWait)
+	for {
+		behind := false
+		for _, a := range c.standbys() {
+			if a < seq {
+				behind = true
+			}
+		}
+		if !behind {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.log.Warn("changelog: a standby is behind an erase's checkpoint; the purge goes on and that standby catches up from the checkpoint",
+				"seq", seq, "waited", standbyCatchUpWait)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

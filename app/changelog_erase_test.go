@@ -274,3 +274,43 @@ func TestChangelogEraseWaitsForItsCopies(t *testing.T) {
 		t.Fatalf("after the retried erase's result, NATS files %v hold the erased data", hits)
 	}
 }
+
+// TestChangelogEraseDoesNotHoldTheWriter (issue 29 item 1): while an
+// erase's scrub of the copies is held between its checkpoint and its purge,
+// another tenant's put on the same store commits and is answered, and the
+// erase's own result waits for its copies.
+func TestChangelogEraseDoesNotHoldTheWriter(t *testing.T) {
+	ns := testnats.Start(t)
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	w := startWorker(t, ns, t.TempDir(), Options{CopyScrubStep: func(step string) {
+		if step == "checkpointed" && !once {
+			once = true
+			close(reached)
+			<-release
+		}
+	}}, changelogFlags...)
+	b := newBus(t, ns)
+	n := uuid.NewString()
+	mustOK(t, b.wait(b.send("gdpr", withMarker(node(n), "HOLDMARK"+uuid.NewString()[:8]))))
+	rid := b.send("gdpr", eraseNode(n, "GDPR art. 17"))
+	select {
+	case <-reached:
+	case <-time.After(time.Minute):
+		t.Fatal("the erase's scrub never reached its checkpoint")
+	}
+	// The writer is free: another tenant's put is answered while the scrub
+	// waits (were the writer held, this wait would time out).
+	mustOK(t, b.wait(b.send("bystander", node(uuid.NewString()))))
+	b.mu.Lock()
+	early := b.results[rid]
+	b.mu.Unlock()
+	if len(early) > 0 {
+		t.Fatalf("the erase was answered before its copies were scrubbed: %+v", early)
+	}
+	close(release)
+	mustOK(t, b.wait(rid))
+	if st := w.app.ChangelogStatus(); st.EraseScrubs != 1 || st.LastScrub.Marker == 0 {
+		t.Fatalf("changelog status after the erase: %+v", st)
+	}
+}

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,10 +74,6 @@ const (
 	// not own the read's slot (any more): the forwarding member routes it
 	// again instead of passing the 503 on.
 	hdrNotOwner = "Telha-Not-Owner"
-	// eraseMarker is the log data of the write-set an erase commits before
-	// it scrubs the copies (storage/durable.go); a standby that applies it
-	// compacts its copy, so the erased bytes leave its files too.
-	eraseMarker = "telha erase: scrub of the copies"
 )
 
 // memberRun is one running member.
@@ -1100,18 +1095,19 @@ func loopbackRemote(remote string) bool {
 }
 
 // applyStandby applies one write-set to a standby's copy; an erase's
-// marker compacts the copy so the erased bytes leave its files.
+// marker (a typed log record, partition.FindScrubMarker) compacts the
+// ranges it names, so the erased bytes leave the copy's files. ApplyTo
+// records the marker as pending in the same batch, so a standby stopped
+// before the compaction redoes it when it catches up again.
 func applyStandby(ctx context.Context, db *pebble.DB, seq uint64, ws []byte) error {
 	if err := partition.ApplyTo(db, seq, ws, false); err != nil {
 		return err
 	}
-	if bytes.Contains(ws, []byte(eraseMarker)) {
-		if err := db.Flush(); err != nil {
-			return fmt.Errorf("standby: flush after an erase: %w", err)
-		}
-		if err := db.Compact(ctx, []byte{0}, bytes.Repeat([]byte{0xff}, 64), true); err != nil {
-			return fmt.Errorf("standby: compaction after an erase: %w", err)
-		}
+	if _, found, err := partition.FindScrubMarker(ws); err != nil || !found {
+		return err
+	}
+	if _, err := partition.ScrubPending(ctx, db); err != nil {
+		return fmt.Errorf("standby: %w", err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/telha/telha-cascade/internal/scrubmark"
 )
 
 // Durable makes a write-set durable somewhere other than this disk: a
@@ -44,43 +45,61 @@ type Durable interface {
 }
 
 // CopyScrubber makes erased bytes leave the durable copies of a store
-// that live outside its disk: with a changelog, its stream's files and the
-// checkpoints (app/changelog.go implements it; storage never imports NATS).
+// that live outside its disk: with a changelog, its stream's files, the
+// checkpoints and the standbys' copies (app/changelog.go implements it;
+// storage never imports NATS).
 //
 // # Erasure and the copies
 //
 // Invariant (an erase reaches every copy before its result): Scrub, after
 // it has made the erased bytes leave the local disk, and before the erase's
 // finishing batch (receipt, result outbox row, erasure record) can commit,
-// runs ScrubCopies on the writer, so nothing else commits meanwhile:
+// does:
 //
-//	commit a marker write-set (log data only)   the log's last sequence S is
-//	                                            new: no checkpoint taken
-//	                                            before the scrub is named S
-//	ScrubCopies(ctx)                            the copies below S hold no
+//	on the writer: commit a marker write-set    its sequence S is the
+//	  (log data only: the erase's key ranges,   first the copies may hold
+//	  internal/scrubmark)                       without the erased bytes
+//	ScrubCopies(ctx, S, onWriter)               the copies below S hold no
 //	                                            erased byte once it returns
 //
 // Every write-set up to S is in the local store, which the scrub just made
-// free of the erased bytes, so a checkpoint taken now reflects S and holds
-// none of them; the writer is held, so the log ends at S and everything
-// below S + 1 can go. An error fails the erase's attempt: its result is not
-// stored (nor published), and the reaper retries it after a backoff.
+// free of the erased bytes, so a checkpoint taken from S on holds none of
+// them. The writer is NOT held while the copies are scrubbed (issue 29):
+// other groups commit meanwhile; ScrubCopies runs the short steps that
+// need the log to stand still (its final purge) through onWriter. A copy
+// that applies the marker (a standby, a replay) compacts its ranges
+// (partition.ScrubPending). An error fails the erase's attempt: its result
+// is not stored (nor published), and the reaper retries it after a
+// backoff.
 type CopyScrubber interface {
-	ScrubCopies(ctx context.Context) error
+	ScrubCopies(ctx context.Context, marker uint64, onWriter func(context.Context, func() error) error) error
 }
 
-// scrubCopies is the end of Scrub when the store has copies elsewhere.
-func (s *Store) scrubCopies(ctx context.Context) error {
-	return s.w.do(ctx, Foreground, func() error {
+// scrubCopies is the end of Scrub when the store has copies elsewhere:
+// ranges are the key ranges the erase compacted.
+func (s *Store) scrubCopies(ctx context.Context, ranges []scrubmark.Range) error {
+	payload, err := scrubmark.Encode(scrubmark.Coalesce(ranges, scrubmark.MaxRanges))
+	if err != nil {
+		return fmt.Errorf("%w: erase marker: %w", ErrStorage, err)
+	}
+	var marker uint64
+	err = s.w.do(ctx, Foreground, func() error {
 		b := s.eng.NewBatch()
 		defer b.Close()
-		if err := b.LogData([]byte("telha erase: scrub of the copies"), nil); err != nil {
+		if err := b.LogData(payload, nil); err != nil {
 			return fmt.Errorf("%w: erase marker: %w", ErrStorage, err)
 		}
 		if err := s.commit(b); err != nil {
 			return err
 		}
-		return s.copies.ScrubCopies(ctx)
+		marker = s.appended.Load()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return s.copies.ScrubCopies(ctx, marker, func(ctx context.Context, fn func() error) error {
+		return s.w.do(ctx, Foreground, fn)
 	})
 }
 
@@ -105,6 +124,7 @@ func (s *Store) commitDurable(b *pebble.Batch) error {
 		return s.stop(fmt.Errorf("%w: %w: changelog append of %d ops refused or unconfirmed; this store stops answering: %w",
 			ErrFatal, ErrStorage, b.Count(), err))
 	}
+	s.appended.Store(seq)
 	if err := b.Set(AppliedSeqKey(), binary.BigEndian.AppendUint64(nil, seq), nil); err != nil {
 		return s.stop(fmt.Errorf("%w: %w: mark applied sequence %d: %w", ErrFatal, ErrStorage, seq, err))
 	}

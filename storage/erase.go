@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/scrubmark"
 )
 
 // Erasure (CONTRACT §3, "Erasure"): the one operation that rewrites stored
@@ -408,12 +409,14 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	st.Flushed = true
 	// The jobs keyspace too: a deleted journal head holds the provenance of
 	// the tombstone it wrote, which the erase removed from the versions.
+	var ranges []scrubmark.Range
 	for _, space := range []byte{ksNode, ksEdge, ksJobs} {
 		lo, hi := TenantRange(space, sc)
 		if err := s.eng.Compact(ctx, lo, hi, true); err != nil {
 			return st, fmt.Errorf("%w: compact: %w", ErrStorage, err)
 		}
 		st.Compactions++
+		ranges = append(ranges, scrubmark.Range{Start: lo, End: hi})
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -439,7 +442,7 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	}
 	if s.copies != nil {
 		t0 := time.Now()
-		if err := s.scrubCopies(ctx); err != nil {
+		if err := s.scrubCopies(ctx, ranges); err != nil {
 			return st, fmt.Errorf("%w: the copies outside the disk (changelog, checkpoints): %w", ErrScrub, err)
 		}
 		st.Copies, st.CopiesTook = true, time.Since(t0)

@@ -104,6 +104,7 @@ type Store struct {
 	durable        Durable
 	durableTimeout time.Duration
 	copies         CopyScrubber
+	appended       atomic.Uint64 // the changelog sequence of the last Append (on the writer)
 	db             *pebble.DB // OpenStore's Pebble (checkpoints); nil for OpenEngine
 
 	failures    atomic.Int64 // consecutive failed durable commits
