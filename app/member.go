@@ -97,6 +97,9 @@ type memberRun struct {
 	seen  map[int]seenEpoch
 	// restartAt: a slot run that ended on its own starts again only then.
 	restartAt map[int]time.Time
+	// dropping: a copy without a role being inspected and removed
+	// (dropRoleless); no run of that slot starts meanwhile.
+	dropping  map[int]bool
 	assign    []member.Assignment
 	members   []member.Member
 	started   time.Time
@@ -164,7 +167,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:    member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
-		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{},
+		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{},
 		fatal:  make(chan error, 1),
 		wake:   make(chan struct{}, 1),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -435,7 +438,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 			m.restartAt[s] = time.Now().Add(pause)
 			r = nil
 		}
-		if r == nil && time.Now().Before(m.restartAt[s]) {
+		if r == nil && (time.Now().Before(m.restartAt[s]) || m.dropping[s]) {
 			continue
 		}
 		if r != nil && r.stopping.Load() {
@@ -485,9 +488,76 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 					delete(m.slots, s)
 					m.dropCopy(s)
 				}
+				continue
+			}
+			if _, err := os.Stat(m.slotDir(s)); err == nil {
+				// A copy no role reaches (this member restarted on its old
+				// disk and was given nothing of the slot): no erase would
+				// ever reach it (issue 29, audit item 1).
+				m.dropping[s] = true
+				go m.dropRoleless(s)
 			}
 		}
 	}
+}
+
+// dropRoleless removes slot s's local copy, which no role of this member
+// holds, once it has checked that the slot's changelog holds its data (the
+// copy follows the stream NATS holds now); a copy of another log (the
+// stream was deleted or lost) may be the only copy of its data, and is set
+// aside for an operator instead. Run outside mu: it opens the copy and
+// asks NATS.
+func (m *memberRun) dropRoleless(s int) {
+	defer m.poke()
+	defer func() {
+		m.mu.Lock()
+		delete(m.dropping, s)
+		m.mu.Unlock()
+	}()
+	dir := filepath.Join(m.slotDir(s), "pebble")
+	lid, attached, empty, err := inspectCopy(dir)
+	if err != nil {
+		m.log.Warn("member: inspecting a copy no role holds; kept for now", "slot", s, "err", err)
+		return
+	}
+	if attached && !empty {
+		c := &changelog{js: m.js}
+		cfg := m.coreConfig(s)
+		c.status.Stream = cfg.changelogConfig().StreamName()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		id, _, _, err := c.logIdentity(ctx)
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			m.log.Warn("member: a copy no role holds; its changelog did not answer, kept for now", "slot", s, "err", err)
+			return
+		}
+		if id != lid {
+			m.setAside(s)
+			return
+		}
+	}
+	m.dropCopy(s)
+	m.log.Info("member: removed the copy of a slot this member holds no role of", "slot", s)
+}
+
+// inspectCopy opens the Pebble in dir (when there is one) and reports the
+// changelog it follows and whether it is empty.
+func inspectCopy(dir string) (logID string, attached, empty bool, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return "", false, true, nil
+	}
+	pe, err := storage.OpenPebble(dir, nil, nil, nil, nil, storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		return "", false, false, err
+	}
+	empty, err = isEmpty(pe.DB)
+	if err == nil {
+		logID, attached, err = partition.LogID(pe.DB)
+	}
+	if cerr := pe.DB.Close(); err == nil {
+		err = cerr
+	}
+	return logID, attached, empty, err
 }
 
 // stopRun stops r: a standby at once; an owner's core drains (up to

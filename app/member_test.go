@@ -3,9 +3,12 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -29,10 +32,17 @@ type memberUnderTest struct {
 
 func startMember(t *testing.T, ns *testnats.Server, id string, onReady ...func(*App)) *memberUnderTest {
 	t.Helper()
+	return startMemberIn(t, ns, id, t.TempDir(), 1, onReady...)
+}
+
+// startMemberIn is startMember on data directory dir with standbys
+// standbys per slot.
+func startMemberIn(t *testing.T, ns *testnats.Server, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
+	t.Helper()
 	addr := testnats.FreeAddr(t)
-	cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
+	cfg, err := ParseFlags([]string{"--data-dir", dir, "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
 		"--partitions", "4", "--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", id, "--member-ttl", "2s",
-		"--standbys", "1", "--auth", "off", "--reaper-schedule", "@every 1h", "--checkpoint-schedule", "@every 1h", "--shutdown-grace", "10s"},
+		"--standbys", fmt.Sprint(standbys), "--auth", "off", "--reaper-schedule", "@every 1h", "--checkpoint-schedule", "@every 1h", "--shutdown-grace", "10s"},
 		func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -262,5 +272,57 @@ func TestLostClaimIsNotFatal(t *testing.T) {
 	}
 	if lostClaim(fmt.Errorf("%w: disk", storage.ErrFatal), false) || lostClaim(nil, false) {
 		t.Fatal("a fatal error other than a fence, or none, is a lost claim")
+	}
+}
+
+// TestRolelessCopyIsRemoved (issue 29, audit item 1): a member that
+// restarts on its old disk and is given no role for a slot it held removes
+// that slot's copy (no erase would ever reach it), and keeps the copy of
+// the slot it owns.
+func TestRolelessCopyIsRemoved(t *testing.T) {
+	ns := testnats.Start(t)
+	dirA := t.TempDir()
+	a := startMemberIn(t, ns, "a", dirA, 0)
+	a.settledOn(t, "a")
+	for _, s := range []int{0, 1} {
+		if _, err := os.Stat(filepath.Join(dirA, "slots", fmt.Sprint(s), "pebble")); err != nil {
+			t.Fatalf("a owned slot %d but has no copy: %v", s, err)
+		}
+	}
+	a.cancel()
+	err := <-a.done
+	a.done <- err // for its cleanup
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startMemberIn(t, ns, "b", t.TempDir(), 0)
+	b.settledOn(t, "b")
+	a = startMemberIn(t, ns, "a", dirA, 0)
+	var v dynView
+	testnats.Eventually(t, 60*time.Second, "a and b own a slot each", func() bool {
+		var code int
+		v, code = a.view()
+		if code != 200 || len(v.Members) != 2 || len(v.Assignments) != 2 {
+			return false
+		}
+		return v.Assignments[0].Owner != v.Assignments[1].Owner && v.Assignments[0].Ready && v.Assignments[1].Ready &&
+			v.Assignments[0].Owner != "" && v.Assignments[1].Owner != ""
+	})
+	owned := -1
+	for _, as := range v.Assignments {
+		if as.Owner == "a" {
+			owned = as.Slot
+		}
+	}
+	if owned < 0 {
+		t.Fatalf("a owns no slot: %+v", v)
+	}
+	other := 1 - owned
+	testnats.Eventually(t, 30*time.Second, "a removes the copy of the slot it holds no role of", func() bool {
+		_, err := os.Stat(filepath.Join(dirA, "slots", fmt.Sprint(other)))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if _, err := os.Stat(filepath.Join(dirA, "slots", fmt.Sprint(owned), "pebble")); err != nil {
+		t.Fatalf("the copy of the slot a owns: %v", err)
 	}
 }
