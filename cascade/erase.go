@@ -259,12 +259,12 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 	if !ok {
 		return storage.Receipt{}, fmt.Errorf("%w: erase %x", storage.ErrJournalGone, e.HeadKey)
 	}
-	err = o.eraseVersions(ctx, e, snap, &head, obs)
+	ranges, err := o.eraseVersions(ctx, e, snap, &head, obs)
 	release() // before the scrub, which waits for zero snapshots
 	if err != nil {
 		return storage.Receipt{}, err
 	}
-	if _, err := o.scrub(ctx, sc); err != nil {
+	if _, err := o.scrub(ctx, sc, ranges); err != nil {
 		return storage.Receipt{}, err
 	}
 	// The receipt's tx: the erase's commit tx, or the entity's tombstone if
@@ -343,8 +343,16 @@ type erasedVersion struct {
 
 // eraseVersions rewrites every version of the erase's target that is not
 // erased yet in snap (the erase's cut), in chunks of at most ChunkOps puts, the head that records
-// the progress included (ChunkOps is never above max_batch_ops).
-func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, snap *pebble.Snapshot, head *storage.EraseJob, obs EraseObserver) error {
+// the progress included (ChunkOps is never above max_batch_ops). It returns
+// the key ranges of every entity whose versions it visited (erased now or
+// by an earlier attempt): the ranges the scrub compacts.
+func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, snap *pebble.Snapshot, head *storage.EraseJob, obs EraseObserver) ([]storage.KeyRange, error) {
+	var ranges []storage.KeyRange
+	err := o.eraseVersionsInto(ctx, e, snap, head, obs, &ranges)
+	return ranges, err
+}
+
+func (o *Applier) eraseVersionsInto(ctx context.Context, e *storage.EraseEntry, snap *pebble.Snapshot, head *storage.EraseJob, obs EraseObserver, ranges *[]storage.KeyRange) error {
 	sc, j := e.Scope, e.Job
 	// A chunk's versions, their keys in one buffer reused from chunk to
 	// chunk (no allocation per version in a million-version erase).
@@ -390,6 +398,7 @@ func (o *Applier) eraseVersions(ctx context.Context, e *storage.EraseEntry, snap
 	}
 	versions := func(kind storage.Kind, id uuid.UUID) error {
 		p := storage.VersionPrefix(sc, kind, id)
+		*ranges = append(*ranges, storage.KeyRange{Start: p, End: storage.PrefixEnd(p)})
 		return scanRange(snap, p, storage.PrefixEnd(p), func(k, v []byte) error {
 			ver, err := storage.DecodeVersion(v)
 			if err != nil {
@@ -496,7 +505,7 @@ func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error
 // snapshot older than the erase's writes would keep the old values through
 // the compaction, so it first waits until no snapshot is open (journal
 // appliers hold one while they run).
-func (o *Applier) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubStats, error) {
+func (o *Applier) scrub(ctx context.Context, sc storage.Scope, ranges []storage.KeyRange) (storage.ScrubStats, error) {
 	waitUntil := time.Now().Add(EraseWaitLimit)
 	for {
 		n := o.store.Engine().Metrics().Snapshots.Count
@@ -512,7 +521,7 @@ func (o *Applier) scrub(ctx context.Context, sc storage.Scope) (storage.ScrubSta
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	st, err := o.store.Scrub(ctx, sc)
+	st, err := o.store.Scrub(ctx, sc, ranges)
 	if err == nil && o.hooks.EraseScrubbed != nil {
 		o.hooks.EraseScrubbed(st)
 	}

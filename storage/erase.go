@@ -379,21 +379,31 @@ type ScrubStats struct {
 	CopiesTook time.Duration
 }
 
+// KeyRange is a key range [Start, End).
+type KeyRange struct {
+	Start, End []byte
+}
+
+// maxScrubRanges bounds the compactions of one scrub (and the ranges of
+// its marker, scrubmark.MaxRanges).
+const maxScrubRanges = scrubmark.MaxRanges
+
 // ErrScrub: the data directory could not be proven free of erased bytes in
 // time (an open snapshot or iterator kept an old file alive).
 var ErrScrub = errors.New("scrub incomplete")
 
 // Scrub makes erased bytes leave the disk: it flushes the memtables (the
 // WAL files that held the old values become obsolete and are deleted: the
-// store opens Pebble without WAL recycling, see OpenPebble), compacts the
-// tenant's node and edge version keyspaces to the bottom level (dropping
-// every shadowed version; no snapshot may be open, see below), and waits
-// until Pebble has deleted every obsolete table and WAL file. A snapshot
-// older than the erase would keep the old values in the compacted tables,
-// so the caller runs it with no journal applier (the only snapshot
+// store opens Pebble without WAL recycling, see OpenPebble), compacts to
+// the bottom level the key ranges of the versions the erase rewrote (erased:
+// the entity's, and a node's edges') and the tenant's jobs keyspace,
+// dropping every shadowed version (no snapshot may be open, see below), and
+// waits until Pebble has deleted every obsolete table and WAL file. A
+// snapshot older than the erase would keep the old values in the compacted
+// tables, so the caller runs it with no journal applier (the only snapshot
 // holders) in flight. With Options.Copies it then scrubs the copies
 // outside the disk (durable.go, "Erasure and the copies").
-func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
+func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubStats, error) {
 	start := time.Now()
 	var st ScrubStats
 	// The WAL files that exist now may hold the old values; the flush makes
@@ -409,14 +419,24 @@ func (s *Store) Scrub(ctx context.Context, sc Scope) (ScrubStats, error) {
 	st.Flushed = true
 	// The jobs keyspace too: a deleted journal head holds the provenance of
 	// the tombstone it wrote, which the erase removed from the versions.
-	var ranges []scrubmark.Range
-	for _, space := range []byte{ksNode, ksEdge, ksJobs} {
-		lo, hi := TenantRange(space, sc)
-		if err := s.eng.Compact(ctx, lo, hi, true); err != nil {
+	// The erased entities' versions (at most maxScrubRanges ranges: a
+	// hub's edges are merged into spans), and the tenant's jobs keyspace:
+	// a deleted journal head holds the provenance of the tombstone it
+	// wrote, which the erase removed from the versions. Compacting these
+	// and not the tenant's whole keyspaces keeps an erase's cost, and what
+	// a checkpoint then uploads, proportional to what it erased (issue 29).
+	ranges := make([]scrubmark.Range, 0, len(erased)+1)
+	for _, r := range erased {
+		ranges = append(ranges, scrubmark.Range{Start: r.Start, End: r.End})
+	}
+	ranges = scrubmark.Coalesce(ranges, maxScrubRanges-1)
+	lo, hi := TenantRange(ksJobs, sc)
+	ranges = append(ranges, scrubmark.Range{Start: lo, End: hi})
+	for _, r := range ranges {
+		if err := s.eng.Compact(ctx, r.Start, r.End, true); err != nil {
 			return st, fmt.Errorf("%w: compact: %w", ErrStorage, err)
 		}
 		st.Compactions++
-		ranges = append(ranges, scrubmark.Range{Start: lo, End: hi})
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
