@@ -111,6 +111,9 @@ const (
 	metaPartition = "telha-partition"
 	metaSeq       = "telha-seq"
 	metaFormat    = "telha-format"
+	// metaTablesBytes: the bytes of a format-2 checkpoint's tables (its
+	// object holds the rest), for listings.
+	metaTablesBytes = "telha-tables-bytes"
 	// formatTarV1: the archive holds every file of the Pebble checkpoint
 	// (releases before issue 29; still restored).
 	formatTarV1 = "pebble-checkpoint-tar/1"
@@ -135,6 +138,11 @@ type SaveOptions struct {
 	// ChunkSize is the chunk size of the stored objects (ChunkSizeFor the
 	// connection's max payload); 0 is DefaultChunkSize.
 	ChunkSize uint32
+	// Seq, when not 0, is the applied sequence the caller knows the
+	// checkpoint reflects: nothing can commit meanwhile (it holds the
+	// store's writer), so the save does not open the checkpoint to read
+	// it. 0 reads it from the checkpoint.
+	Seq uint64
 }
 
 // SaveCheckpoint is SaveCheckpointWith without options.
@@ -176,9 +184,11 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: pebble checkpoint: %w", p, err)
 	}
-	seq, err := appliedSeqInDir(dir)
-	if err != nil {
-		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint: %w", p, err)
+	seq := opts.Seq
+	if seq == 0 {
+		if seq, err = appliedSeqInDir(dir); err != nil {
+			return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint: %w", p, err)
+		}
 	}
 	name := CheckpointName(p, seq)
 	// A checkpoint at this sequence already stored holds the same state:
@@ -214,9 +224,10 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 		Name:        name,
 		Description: fmt.Sprintf("partition %d at changelog sequence %d", p, seq),
 		Metadata: map[string]string{
-			metaPartition: strconv.Itoa(p),
-			metaSeq:       strconv.FormatUint(seq, 10),
-			metaFormat:    formatTarV2,
+			metaPartition:   strconv.Itoa(p),
+			metaSeq:         strconv.FormatUint(seq, 10),
+			metaFormat:      formatTarV2,
+			metaTablesBytes: strconv.FormatUint(up.total, 10),
 		},
 		Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk},
 	}, pr)

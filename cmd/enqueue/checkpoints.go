@@ -1,12 +1,16 @@
 package main
 
 import (
+	"archive/tar"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,8 +23,9 @@ import (
 // checkpoints are the backup): it lists a layout's checkpoints in the
 // Object Store (TELHA_CKPT_STATIC<N>, objects partition-<i>/seq-<n>.tar),
 // or copies one out of the cluster into a file (--get NAME --out FILE).
-// A checkpoint is a tar of a Pebble checkpoint: `tar -xf FILE -C
-// <data-dir>/pebble` restores it (docs/RUNBOOK.md, "Backups").
+// What --get writes is a tar of a whole Pebble checkpoint (a format-2
+// checkpoint's tables fetched into it): `tar -xf FILE -C <data-dir>/pebble`
+// restores it (docs/RUNBOOK.md, "Backups").
 func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("checkpoints", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -51,7 +56,7 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		return fmt.Errorf("bucket %s: %w", bucket, err)
 	}
 	if *get != "" {
-		if err := obs.GetFile(ctx, *get, *out); err != nil {
+		if err := copyCheckpoint(ctx, obs, *get, *out); err != nil {
 			return fmt.Errorf("copy %s out of %s: %w", *get, bucket, err)
 		}
 		fmt.Fprintf(stdout, `{"name":%q,"out":%q}`+"\n", *get, *out)
@@ -80,7 +85,11 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		if !ok || (*slot >= 0 && p != *slot) {
 			continue
 		}
-		rows = append(rows, row{Name: in.Name, Slot: p, Seq: seq, Bytes: in.Size, Modified: in.ModTime.UTC()})
+		size := in.Size
+		if tb, err := strconv.ParseUint(in.Metadata[metaTablesBytes], 10, 64); err == nil {
+			size += tb // format 2: the tables are objects of their own
+		}
+		rows = append(rows, row{Name: in.Name, Slot: p, Seq: seq, Bytes: size, Modified: in.ModTime.UTC()})
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].Slot != rows[j].Slot {
@@ -107,4 +116,107 @@ func parseCheckpointName(name string) (slot int, seq uint64, ok bool) {
 	p, err1 := strconv.Atoi(strings.TrimPrefix(a, "partition-"))
 	n, err2 := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(b, "seq-"), ".tar"), 10, 64)
 	return p, n, err1 == nil && err2 == nil && p >= 0
+}
+
+// metaTablesBytes is the metadata key of a format-2 checkpoint that gives
+// the bytes of its tables (package partition writes it).
+const metaTablesBytes = "telha-tables-bytes"
+
+// tablesFile is the table list in a format-2 checkpoint's archive
+// (docs/CONTRACT.md: the checkpoint bucket): the tables are objects of
+// their own, named by their SHA-256.
+const tablesFile = "telha-tables.json"
+
+// copyCheckpoint writes checkpoint name into the new file out as one tar
+// that `tar -xf` restores whole: a format-1 checkpoint as stored, a
+// format-2 one with its tables fetched from their objects (each checked
+// against its size and SHA-256) and without its table list.
+func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, out string) (err error) {
+	f, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = os.Remove(out)
+		}
+	}()
+	res, err := obs.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	tr, tw := tar.NewReader(res), tar.NewWriter(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read archive: %w", err)
+		}
+		if hdr.Name == tablesFile {
+			if err := copyTables(ctx, obs, tr, tw, hdr); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+	if _, err := io.Copy(io.Discard, res); err != nil { // the digest is checked at the end
+		return fmt.Errorf("read archive: %w", err)
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// copyTables reads a table list from r and writes every table it names,
+// fetched from its object, into tw.
+func copyTables(ctx context.Context, obs jetstream.ObjectStore, r io.Reader, tw *tar.Writer, list *tar.Header) error {
+	var tl struct {
+		Format int `json:"format"`
+		Tables []struct {
+			Name   string `json:"name"`
+			Object string `json:"object"`
+			Size   int64  `json:"size"`
+			SHA256 string `json:"sha256"`
+		} `json:"tables"`
+	}
+	if err := json.NewDecoder(r).Decode(&tl); err != nil || tl.Format != 2 {
+		return fmt.Errorf("table list: format %d: %v", tl.Format, err)
+	}
+	for _, t := range tl.Tables {
+		if !strings.HasSuffix(t.Name, ".sst") || strings.ContainsAny(t.Name, "/\\") || t.Size < 0 {
+			return fmt.Errorf("table list names %q", t.Name)
+		}
+		res, err := obs.Get(ctx, t.Object)
+		if err != nil {
+			return fmt.Errorf("table %s: %w", t.Name, err)
+		}
+		hdr := &tar.Header{Name: t.Name, Mode: 0o644, Size: t.Size, ModTime: list.ModTime, Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
+			res.Close()
+			return err
+		}
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(tw, h), io.LimitReader(res, t.Size+1))
+		res.Close()
+		if err != nil {
+			return fmt.Errorf("table %s: %w", t.Name, err)
+		}
+		if n != t.Size || hex.EncodeToString(h.Sum(nil)) != t.SHA256 {
+			return fmt.Errorf("table %s: %d bytes of SHA-256 %x, want %d bytes of %s", t.Name, n, h.Sum(nil), t.Size, t.SHA256)
+		}
+	}
+	return nil
 }
