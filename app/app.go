@@ -73,6 +73,9 @@ type Options struct {
 	// 1; "purged": after step 3), on the scrub's goroutine (tests hold it
 	// there).
 	CopyScrubStep func(step string)
+	// CopyScrubbed, when set, receives the cost of every finished scrub of
+	// the copies (cmd/bench).
+	CopyScrubbed func(ScrubStatus)
 }
 
 // App is a running worker.
@@ -271,7 +274,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
-		cl.scrubStep = opts.CopyScrubStep
+		cl.scrubStep, cl.scrubbedHook = opts.CopyScrubStep, opts.CopyScrubbed
 		a.changelog, durable, copies = cl, cl.cl, cl
 	}
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{

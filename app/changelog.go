@@ -181,8 +181,10 @@ type changelog struct {
 	chunk    uint32                 // object chunk size (partition.ChunkSizeFor)
 	staging  string                 // the data directory: checkpoints stage on its filesystem
 	scrubbed uint64                 // the highest erase marker a finished scrub covered (under run)
-	// scrubStep is Options.CopyScrubStep.
-	scrubStep func(step string)
+	// scrubStep and scrubbedHook are Options.CopyScrubStep and
+	// Options.CopyScrubbed.
+	scrubStep    func(step string)
+	scrubbedHook func(ScrubStatus)
 
 	mu     sync.Mutex // guards status
 	status ChangelogStatus
@@ -701,12 +703,13 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		defer func() { held = time.Since(h0) }()
 		last := c.cl.Last()
 		if last != first.Seq {
+			// Nothing commits while the writer is held: the store reflects
+			// exactly the log's last sequence.
+			opts := c.saveOptions()
+			opts.Seq = last
 			var err error
-			if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions()); err != nil {
+			if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts); err != nil {
 				return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
-			}
-			if final.Seq != last {
-				return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d but the log ends at %d: not purging", final.Seq, last)
 			}
 		}
 		if err := c.cl.PurgeBelow(ctx, last+1); err != nil {
@@ -744,7 +747,11 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	c.status.EraseScrubs++
 	c.status.LastScrub = ScrubStatus{Marker: marker, Took: time.Since(t0), WriterHeld: held,
 		BytesUploaded: first.BytesUploaded + ifNew(final, first).BytesUploaded, TablesCollected: collected, BytesCollected: collectedBytes}
+	last := c.status.LastScrub
 	c.mu.Unlock()
+	if c.scrubbedHook != nil {
+		c.scrubbedHook(last)
+	}
 	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", final.Name, "seq", final.Seq,
 		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
 		"tables_collected", collected, "bytes_collected", collectedBytes, "writer_held", held, "took", time.Since(t0))

@@ -35,13 +35,18 @@ type options struct {
 	mixedDuration time.Duration
 	hubEdges      int
 	scalingEdges  []int
-	phases        map[string]bool
-	dir           string
-	keep          bool
-	profileDir    string
-	workerLog     bool
-	traceFile     string
-	waitIdle      time.Duration
+	// erase_changelog phases: store sizes (MB), erases per size, and the
+	// time between two erases.
+	erasureStoreMB  []int
+	erasureCount    int
+	erasureInterval time.Duration
+	phases          map[string]bool
+	dir             string
+	keep            bool
+	profileDir      string
+	workerLog       bool
+	traceFile       string
+	waitIdle        time.Duration
 	// changelogSyncAlways runs small_changelog against a server of its own
 	// that fsyncs every write (what the embedded server does with the
 	// changelog on).
@@ -125,8 +130,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\" and \"erase\" are not in the default)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\", \"erase\", \"erase_changelog\" (erases beside another tenant's puts on stores of --erasure-store-mb, R1, issue 29) and \"erase_changelog_r3\" (the same on a 3-server cluster) are not in the default)")
 	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
+	erasureMB := fs.String("erasure-store-mb", "", "store sizes of the erase_changelog phases, in MB (default 100,1000; quick 20)")
+	fs.IntVar(&o.erasureCount, "erasure-count", 5, "erases per store size in the erase_changelog phases (after one warm-up erase)")
+	fs.DurationVar(&o.erasureInterval, "erasure-interval", 4*time.Second, "time between two erases in the erase_changelog phases")
 	scaling10M := fs.Bool("scaling-10m", false, "add a 10,000,000-edge hub to the scaling phase (minutes, and a few GB of disk)")
 	fs.StringVar(&o.dir, "dir", "", "parent of the temporary data directory (default: the system temp dir)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
@@ -183,15 +191,31 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if *scaling10M {
 		o.scalingEdges = append(o.scalingEdges, 10_000_000)
 	}
+	if *erasureMB == "" {
+		*erasureMB = "100,1000"
+		if o.quick {
+			*erasureMB = "20"
+		}
+	}
+	for _, f := range strings.Split(*erasureMB, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--erasure-store-mb: %q is not a positive number", f)
+		}
+		o.erasureStoreMB = append(o.erasureStoreMB, n)
+	}
+	if o.erasureCount < 1 || o.erasureInterval <= 0 {
+		return nil, fmt.Errorf("--erasure-count must be at least 1 and --erasure-interval positive")
+	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase":
+		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase", "erase_changelog", "erase_changelog_r3":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase, erase_changelog, erase_changelog_r3)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -311,6 +335,21 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 	if o.phases["erase"] {
 		if err := runErase(ctx, o, pg, root, rep); err != nil {
 			return rep, fmt.Errorf("erase: %w", err)
+		}
+	}
+	for _, r3 := range []bool{false, true} {
+		name := map[bool]string{false: "erase_changelog", true: "erase_changelog_r3"}[r3]
+		if !o.phases[name] {
+			continue
+		}
+		ph, err := runEraseChangelog(ctx, o, pg, root, r3)
+		if r3 {
+			rep.EraseChangelogR3 = ph
+		} else {
+			rep.EraseChangelog = ph
+		}
+		if err != nil {
+			return rep, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	if o.phases["scaling"] {

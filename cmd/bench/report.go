@@ -51,16 +51,20 @@ type Report struct {
 	MixedChangelogP99Ratio   *float64     `json:"mixed_changelog_p99_ratio,omitempty"`
 	Scaling                  []ScalingRow `json:"scaling,omitempty"`
 	Erase                    *EraseReport `json:"erase,omitempty"`
-	SmallVsPipeline          *float64     `json:"small_vs_pipeline,omitempty"`
-	SmallVsNaive             *float64     `json:"small_vs_naive,omitempty"`
-	HubVsRaw                 *float64     `json:"hub_vs_raw,omitempty"`
-	Targets                  []Target     `json:"targets"`
-	Config                   benchConfig  `json:"config"`
-	Machine                  machine      `json:"machine"`
-	Revision                 string       `json:"revision"`
-	Modified                 bool         `json:"revision_modified"`
-	Date                     string       `json:"date"`
-	TotalSeconds             float64      `json:"total_seconds"`
+	// EraseChangelog and EraseChangelogR3 are the erase_changelog phases
+	// (issue 29): erases beside another tenant's puts, changelog on.
+	EraseChangelog   *ErasurePhase `json:"erase_changelog,omitempty"`
+	EraseChangelogR3 *ErasurePhase `json:"erase_changelog_r3,omitempty"`
+	SmallVsPipeline  *float64      `json:"small_vs_pipeline,omitempty"`
+	SmallVsNaive     *float64      `json:"small_vs_naive,omitempty"`
+	HubVsRaw         *float64      `json:"hub_vs_raw,omitempty"`
+	Targets          []Target      `json:"targets"`
+	Config           benchConfig   `json:"config"`
+	Machine          machine       `json:"machine"`
+	Revision         string        `json:"revision"`
+	Modified         bool          `json:"revision_modified"`
+	Date             string        `json:"date"`
+	TotalSeconds     float64       `json:"total_seconds"`
 }
 
 // RateReport is a throughput run.
