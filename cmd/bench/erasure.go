@@ -356,6 +356,11 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		name, rep.StoreMB, rep.Erases, o.erasureInterval, rep.EraseSeconds, rep.EraseMaxSeconds, rep.ErasesPerSecond,
 		rep.WriterHeldMeanMs, rep.WriterHeldMaxMs, rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds,
 		rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms)
+	logs.mu.Lock()
+	if logs.warn+logs.errs > 0 {
+		pg.printf("%s: the worker logged %d warnings and %d errors; the first: %s", name, logs.warn, logs.errs, strings.Join(logs.first, " | "))
+	}
+	logs.mu.Unlock()
 	return rep, nil
 }
 
