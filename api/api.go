@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,15 +83,16 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		}
 	}
 	if opts.ReadAPI {
-		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}", s.entity(storage.KindNode))
-		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}", s.entity(storage.KindEdge))
-		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/edges", s.nodeEdges)
-		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/history", s.history(storage.KindNode))
-		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", s.history(storage.KindEdge))
-		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", s.request)
-		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id}", s.erasure)
-		mux.HandleFunc("GET /v1/journals", s.journals)
-		mux.HandleFunc("GET /v1/partitions", s.partitions)
+		read, list := []string{"valid", "tx", "wait"}, []string{"valid", "tx", "wait", "limit", "cursor"}
+		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}", only(s.entity(storage.KindNode), read...))
+		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}", only(s.entity(storage.KindEdge), read...))
+		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/edges", only(s.nodeEdges, append(list, "dir")...))
+		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/history", only(s.history(storage.KindNode), list...))
+		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", only(s.history(storage.KindEdge), list...))
+		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", only(s.request))
+		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id}", only(s.erasure))
+		mux.HandleFunc("GET /v1/journals", only(s.journals))
+		mux.HandleFunc("GET /v1/partitions", only(s.partitions))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if routeMatches(r.URL.Path, opts) {
@@ -125,6 +127,27 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		}
 		mux.ServeHTTP(sw, r)
 	})
+}
+
+// only answers 400 to a read with a query parameter the route does not
+// know, naming the ones it does: a misspelt or foreign parameter
+// (?as_of_tx=...) would otherwise be ignored, and the read answer "now"
+// as if nothing were asked, a 404 indistinguishable from a delete.
+func only(h http.HandlerFunc, known ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		for name := range r.URL.Query() {
+			if slices.Contains(known, name) {
+				continue
+			}
+			if len(known) == 0 {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown query parameter %s: %s takes none", storage.QuoteShort(name), r.Pattern[len("GET "):]))
+				return
+			}
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown query parameter %s (known here: %s)", storage.QuoteShort(name), strings.Join(known, ", ")))
+			return
+		}
+		h(w, r)
+	}
 }
 
 // queryNames lists the parameter names of a raw query, sorted, without
