@@ -83,6 +83,16 @@ func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []reques
 			tenants = append(tenants, r.tenant)
 		}
 	}
+	// Follow the results before publishing: one stored from now on is seen
+	// the moment it is stored (queue/client Waiter).
+	var w *client.Waiter
+	if wait {
+		var err error
+		if w, err = c.Follow(ctx, tenants, since, ids); err != nil {
+			return nil, err
+		}
+		defer w.Stop()
+	}
 	futs := make([]jetstream.PubAckFuture, 0, len(reqs))
 	for i, r := range reqs {
 		f, err := c.PublishAsync(r.tenant, r.id, r.body)
@@ -133,7 +143,7 @@ func publishAll(ctx context.Context, g *globals, c *client.Client, reqs []reques
 	}
 	wctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	got, err := c.Wait(wctx, tenants, since, ids)
+	got, err := w.Wait(wctx)
 	enc := json.NewEncoder(stdout)
 	keys := make([]string, 0, len(got))
 	for k := range got {

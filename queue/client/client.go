@@ -215,7 +215,14 @@ func (c *Client) results(ctx context.Context, tenants []string, since time.Time,
 	if err != nil {
 		return fmt.Errorf("follow results: %w", err)
 	}
-	msgs, err := oc.Messages()
+	// Short heartbeats: on a cluster the ordered consumer's first pull is
+	// now and then lost (the consumer was not yet ready where the pull
+	// arrived); the client notices only when two heartbeats are missed and
+	// then recreates the consumer. With the default (a 5 s heartbeat) a
+	// wait stalled exactly 10 s in about 1 of 70 waits (issue 32 item 1,
+	// TestWaitOnAClusterDoesNotStall); with these it resumes within a
+	// second or so, at the cost of a pull request every 2 s while idle.
+	msgs, err := oc.Messages(jetstream.PullExpiry(2*time.Second), jetstream.PullHeartbeat(500*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -252,22 +259,145 @@ func (c *Client) results(ctx context.Context, tenants []string, since time.Time,
 // done. A request id with several answers (an invalid request fixed and
 // sent again under its id) gets the latest of those read, so the latest
 // stored when Wait was called or after (CONTRACT §5: the latest stored
-// answer is the id's answer). It returns what it collected.
+// answer is the id's answer). It returns what it collected. To wait for
+// requests about to be published, call Follow before publishing and
+// Waiter.Wait after: a result is then seen the moment it is stored.
 func (c *Client) Wait(ctx context.Context, tenants []string, since time.Time, ids map[string]bool) (map[string]Result, error) {
-	got := map[string]Result{}
-	if len(ids) == 0 {
-		return got, nil
+	w, err := c.Follow(ctx, tenants, since, ids)
+	if err != nil {
+		return map[string]Result{}, err
 	}
-	err := c.results(ctx, tenants, since, func(r *Result, caughtUp bool) bool {
-		if r != nil && ids[r.RequestID] {
-			got[r.RequestID] = *r // a later answer replaces an earlier one
+	return w.Wait(ctx)
+}
+
+// Waiter waits for the results of some requests (Follow).
+//
+// Two paths read the results: the stream, from since on (an ordered
+// consumer, read by Wait), and a plain subscription to the tenants'
+// result subjects, taken by Follow. A result published after the
+// subscription is the newest answer of its id, so it is final when it
+// arrives, even if the consumer's pull was lost on a cluster and the
+// stream path would see it only after the client recreates its consumer
+// (issue 32 item 1: waits stalled 10 s). An id answered live is not
+// overwritten by the stream path, which can only deliver it again or
+// deliver an older answer.
+type Waiter struct {
+	c       *Client
+	tenants []string
+	since   time.Time
+	ids     map[string]bool
+	subs    []*nats.Subscription
+	done    chan struct{} // closed once every id was answered live
+
+	mu   sync.Mutex
+	got  map[string]Result
+	live map[string]bool
+	once sync.Once
+}
+
+// Follow starts following the results of ids (of tenants, stored from
+// since on); call it before publishing the requests, then Wait (or Stop
+// when they could not be published).
+func (c *Client) Follow(ctx context.Context, tenants []string, since time.Time, ids map[string]bool) (*Waiter, error) {
+	w := &Waiter{c: c, tenants: tenants, since: since, ids: ids, done: make(chan struct{}), got: map[string]Result{}, live: map[string]bool{}}
+	nc := c.js.Conn()
+	seen := map[string]bool{}
+	for _, t := range tenants {
+		if seen[t] {
+			continue
 		}
-		return len(got) < len(ids) || !caughtUp
-	})
-	if len(got) == len(ids) {
-		return got, nil
+		seen[t] = true
+		sub, err := nc.Subscribe(c.cfg.ResSubject(t), w.onLive)
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("follow results: %w", err)
+		}
+		w.subs = append(w.subs, sub)
 	}
-	return got, err
+	// The subscription is in place on the server before anything is
+	// published or the stream is read.
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second) // FlushWithContext needs a deadline
+	defer cancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("follow results: %w", err)
+	}
+	return w, nil
+}
+
+func (w *Waiter) onLive(m *nats.Msg) {
+	var r Result
+	if json.Unmarshal(m.Data, &r) != nil || !w.ids[r.RequestID] {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got[r.RequestID], w.live[r.RequestID] = r, true
+	if w.complete(false) {
+		w.once.Do(func() { close(w.done) })
+	}
+}
+
+// complete: every id has a result, and each is final (under mu).
+func (w *Waiter) complete(caughtUp bool) bool {
+	if len(w.got) < len(w.ids) {
+		return false
+	}
+	if caughtUp {
+		return true
+	}
+	for id := range w.ids {
+		if !w.live[id] {
+			return false
+		}
+	}
+	return true
+}
+
+// Stop stops following (Wait does it too).
+func (w *Waiter) Stop() {
+	for _, s := range w.subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+// Wait returns once every id has its result (see Client.Wait) or ctx is
+// done, with what it collected.
+func (w *Waiter) Wait(ctx context.Context) (map[string]Result, error) {
+	defer w.Stop()
+	if len(w.ids) == 0 {
+		return map[string]Result{}, nil
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		select {
+		case <-w.done:
+			stop()
+		case <-wctx.Done():
+		}
+	}()
+	err := w.c.results(wctx, w.tenants, w.since, func(r *Result, caughtUp bool) bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if r != nil && w.ids[r.RequestID] && !w.live[r.RequestID] {
+			w.got[r.RequestID] = *r // a later answer replaces an earlier one
+		}
+		return !w.complete(caughtUp)
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]Result, len(w.got))
+	for id, r := range w.got {
+		out[id] = r
+	}
+	if len(out) == len(w.ids) {
+		return out, nil
+	}
+	if err == nil || (errors.Is(err, context.Canceled) && ctx.Err() == nil) {
+		err = ctx.Err()
+	}
+	return out, err
 }
 
 var tenantRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
