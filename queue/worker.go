@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -632,7 +633,14 @@ func (w *Worker) finish(work context.Context, items []*item) *answers {
 			if res.RequestID == "" {
 				// No readable request_id: answer under the publisher's
 				// message id, so the publisher can still match it.
-				if id := it.msg.Headers().Get(jetstream.MsgIDHeader); validRequestID(id) {
+				// A publisher's message id is "<tenant>.<request id>"
+				// (client.RequestMsgID): the request id is what follows
+				// the tenant (issue 32 item 7).
+				id := it.msg.Headers().Get(jetstream.MsgIDHeader)
+				if rest, ok := strings.CutPrefix(id, it.tenant+"."); ok && validRequestID(rest) {
+					id = rest
+				}
+				if validRequestID(id) {
 					res.RequestID, res.RequestIDFrom = id, "nats_msg_id"
 				}
 			}
