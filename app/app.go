@@ -76,6 +76,10 @@ type Options struct {
 	// CopyScrubbed, when set, receives the cost of every finished scrub of
 	// the copies (cmd/bench).
 	CopyScrubbed func(ScrubStatus)
+	// OnStartPhase, set by a dynamic member for its slots' cores, is told
+	// what the start is doing until the core is ready, and what it
+	// retries and why (the member's /readyz names a slot still starting).
+	OnStartPhase func(phase string)
 }
 
 // App is a running worker.
@@ -100,8 +104,9 @@ type App struct {
 	slotView       func() []ui.SlotRow
 	standbyApplied func() []uint64
 	// startPhase says what startup is doing while the store is not open
-	// (readiness).
+	// (readiness); onPhase is Options.OnStartPhase.
 	startPhase atomic.Pointer[string]
+	onPhase    func(string)
 
 	httpLn, apiLn net.Listener
 	servers       []*http.Server
@@ -202,7 +207,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if cfg.Member.Dynamic {
 		return runMember(ctx, cfg, log, opts)
 	}
-	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied}
+	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {
 			err = cerr
@@ -262,12 +267,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
-		phase := "changelog: restoring and replaying before serving"
-		a.startPhase.Store(&phase)
+		a.setPhase("changelog: opening its stream and the checkpoint bucket")
 		cl, err := a.openChangelog(ctx)
 		if err != nil || cl == nil {
 			return err // nil: ctx ended first
 		}
+		a.setPhase("changelog: restoring and replaying before serving")
 		if err := cl.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), sizes); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -324,13 +329,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			return err
 		}
 	}
-	qcfg := queue.Config{
-		Partitions: cfg.Partitions, Owner: cfg.Owner, MaxDeliver: cfg.MaxDeliver, MaxDeaths: cfg.MaxDeaths, AckWait: cfg.AckWait,
-		GroupMax: cfg.GroupMax, GroupWait: cfg.GroupWait, ResultsMaxAge: cfg.ResultsMaxAge, DLQMaxAge: cfg.DLQMaxAge, StreamReplicas: cfg.StreamReplicas,
-		SecureDeleteAcked: cfg.SecureDeleteRequests, TracerProvider: a.tracer,
-		ResultsMaxBytes: cfg.ResultsMaxBytes, DLQMaxBytes: cfg.DLQMaxBytes,
-		ResultsMaxPerTenant: perTenant(cfg.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(cfg.DLQMaxPerTenant),
-	}
+	qcfg := cfg.queueConfig()
+	qcfg.TracerProvider = a.tracer
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {
 		return err
@@ -359,6 +359,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	a.uiH.Store(&uh)
 	a.metrics.AttachState(a.metricsState())
 
+	a.setPhase("queue: provisioning the streams and the consumer")
 	if err := a.provision(ctx); err != nil {
 		return err
 	}
@@ -439,6 +440,17 @@ func fatalOrNil(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// queueConfig is the configuration of the queue (streams, consumer) of
+// this replica, without its tracer.
+func (c Config) queueConfig() queue.Config {
+	return queue.Config{
+		Partitions: c.Partitions, Owner: c.Owner, MaxDeliver: c.MaxDeliver, MaxDeaths: c.MaxDeaths, AckWait: c.AckWait,
+		GroupMax: c.GroupMax, GroupWait: c.GroupWait, ResultsMaxAge: c.ResultsMaxAge, DLQMaxAge: c.DLQMaxAge, StreamReplicas: c.StreamReplicas,
+		SecureDeleteAcked: c.SecureDeleteRequests, ResultsMaxBytes: c.ResultsMaxBytes, DLQMaxBytes: c.DLQMaxBytes,
+		ResultsMaxPerTenant: perTenant(c.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(c.DLQMaxPerTenant),
+	}
 }
 
 func opNames() []string {
@@ -784,12 +796,22 @@ func (a *App) provision(ctx context.Context) error {
 			return nil
 		}
 		a.log.Warn("provisioning streams failed; retrying", "err", err, "in", delay)
+		a.setPhase(fmt.Sprintf("queue: provisioning the streams failed, retrying in %s: %v", delay, err))
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// setPhase records what the start is doing, or what it retries and why
+// (readiness; Options.OnStartPhase).
+func (a *App) setPhase(p string) {
+	a.startPhase.Store(&p)
+	if a.onPhase != nil {
+		a.onPhase(p)
 	}
 }
 

@@ -246,6 +246,7 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 			return nil, nil
 		}
 		a.log.Warn("opening the changelog failed; retrying", "stream", pc.StreamName(), "err", err, "in", delay)
+		a.setPhase(fmt.Sprintf("changelog: opening %s and the bucket %s failed, retrying in %s: %v", pc.StreamName(), cc.Bucket, delay, err))
 		select {
 		case <-ctx.Done():
 			return nil, nil
@@ -259,6 +260,8 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 // its name and creation time (a stream deleted and created again is
 // another log), with its first and last sequences.
 func (c *changelog) logIdentity(ctx context.Context) (id string, first, last uint64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, startCallTimeout)
+	defer cancel()
 	s, err := c.js.Stream(ctx, c.status.Stream)
 	if err != nil {
 		return "", 0, 0, fmt.Errorf("changelog %s: %w", c.status.Stream, err)
@@ -374,7 +377,15 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 			if err := closeDB(); err != nil {
 				return nil, err
 			}
-			seq, err := c.restore(ctx, dir)
+			var seq uint64
+			found, err := c.anyCheckpoint(ctx)
+			switch {
+			case err != nil:
+			case found:
+				seq, err = c.restore(ctx, dir)
+			default:
+				err = partition.ErrNoCheckpoint
+			}
 			switch {
 			case errors.Is(err, partition.ErrNoCheckpoint) && empty:
 				// Nothing to restore: the whole log replays onto an empty store.
@@ -466,6 +477,37 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		out := db
 		db = nil // not closed by the defer: the caller's
 		return out, nil
+	}
+}
+
+// startCallTimeout bounds one JetStream call of a start (catchUp): a
+// core's context has no deadline, and a call that is never answered would
+// hold its slot's start, silently, for good.
+const startCallTimeout = 5 * time.Second
+
+// anyCheckpoint reports whether the bucket holds a checkpoint of this
+// replica's slice, retrying (and saying why) until ctx ends. Each listing
+// is bounded: the client's List of an empty bucket waits for its context
+// when its first read of the bucket goes unanswered (a bucket just
+// created, whose direct gets have no responder yet: "no responders"), and
+// a start's context has no deadline.
+func (c *changelog) anyCheckpoint(ctx context.Context) (bool, error) {
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		lctx, cancel := context.WithTimeout(ctx, startCallTimeout)
+		cps, err := partition.ListCheckpoints(lctx, c.obs, c.part)
+		cancel()
+		if err == nil {
+			return len(cps) > 0, nil
+		}
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("changelog: listing the checkpoints in %s: %w", c.status.Bucket, ctx.Err())
+		}
+		c.log.Warn("changelog: listing the checkpoints failed; retrying", "bucket", c.status.Bucket, "partition", c.part, "bound", startCallTimeout, "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("changelog: listing the checkpoints in %s: %w", c.status.Bucket, ctx.Err())
+		case <-time.After(delay):
+		}
 	}
 }
 

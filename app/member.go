@@ -99,20 +99,26 @@ type memberRun struct {
 	restartAt map[int]time.Time
 	// dropping: a copy without a role being inspected and removed
 	// (dropRoleless); no run of that slot starts meanwhile.
-	dropping  map[int]bool
-	assign    []member.Assignment
-	members   []member.Member
-	started   time.Time
-	leaving   atomic.Bool
-	moves     atomic.Uint64
-	fenced    atomic.Uint64
-	fatal     chan error
+	dropping map[int]bool
+	assign   []member.Assignment
+	members  []member.Member
+	started  time.Time
+	leaving  atomic.Bool
+	moves    atomic.Uint64
+	fenced   atomic.Uint64
+	fatal    chan error
 	// wake: a slot run ended; the loop reconciles at once (a promotion
 	// waits for its standby's tail to stop, never under mu).
 	wake chan struct{}
 	// regFailed: when this member's last renewal failed (zero: never).
 	// Only the loop's goroutine touches it.
 	regFailed time.Time
+	// phase: what the member does before it joins (/readyz), nil once
+	// joined.
+	phase atomic.Pointer[string]
+	// ended: why a slot run that ended on its own did (m.mu; /readyz
+	// until it starts again).
+	ended map[int]string
 }
 
 // slotRun is a slot running on this member, as owner or standby.
@@ -130,6 +136,11 @@ type slotRun struct {
 	stopping atomic.Bool
 	served   atomic.Bool // owner: it became ready once
 	started  time.Time
+	// phase: what the owner's start does, or retries and why
+	// (Options.OnStartPhase), until its core is ready.
+	phase atomic.Pointer[string]
+	// slowLogged: when the loop last said this start is slow (loop only).
+	slowLogged time.Time
 }
 
 // poke wakes the member's loop.
@@ -167,7 +178,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:    member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
-		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{},
+		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
 		fatal:  make(chan error, 1),
 		wake:   make(chan struct{}, 1),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -239,6 +250,9 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	if err := m.checkLegacy(ctx); err != nil {
 		return err
 	}
+	if err := m.provisionShared(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
 	m.log.Info("member: joining", "slots", m.n, "partitions", m.cfg.Partitions, "standbys", m.cfg.Member.Standbys, "ttl", m.cfg.Member.TTL,
 		"advertise_url", m.cfg.Member.AdvertiseURL, "http", ln.Addr().String())
 
@@ -279,6 +293,47 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		case <-changed:
 		case <-m.wake:
 		case <-tick.C:
+		}
+	}
+}
+
+// provisionShared creates, once and before any slot starts, what every
+// slot's core would otherwise create at the same moment: the checkpoint
+// bucket and the request, result and dead-letter streams. A JetStream
+// cluster answers concurrent creates of one stream late or never
+// (nats-server#3677): 16 cores creating them at once on a fresh cluster
+// waited out 5 and 10 s attempt deadlines (a first start took 12-17 s),
+// while concurrent updates of a stream that exists are answered at once.
+// Short attempts, for members starting at once: the stream exists, and
+// the retry binds it.
+func (m *memberRun) provisionShared(ctx context.Context) error {
+	c := m.coreConfig(0)
+	t0 := time.Now()
+	defer m.phase.Store(nil)
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		octx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		_, err := partition.OpenCheckpoints(octx, m.js, c.checkpointConfig())
+		if err == nil {
+			err = queue.ProvisionStreams(octx, m.js, c.queueConfig())
+		}
+		cancel()
+		if err == nil {
+			m.log.Info("member: the checkpoint bucket and the request streams are in place", "took", time.Since(t0))
+			return nil
+		}
+		if errors.Is(err, queue.ErrPartitionsChanged) {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		m.log.Warn("member: creating the checkpoint bucket and the request streams failed; retrying", "err", err, "in", delay)
+		p := fmt.Sprintf("member: creating the checkpoint bucket and the request streams failed, retrying in %s: %v", delay, err)
+		m.phase.Store(&p)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
 		}
 	}
 }
@@ -350,7 +405,35 @@ func (m *memberRun) step(ctx context.Context) error {
 	m.assign, m.members = cur, members
 	m.mu.Unlock()
 	m.reconcile(cur, members)
+	m.logSlowStarts()
 	return nil
+}
+
+// slowStart: an owner's start this long is said in the log (and again
+// after as long), with what it does or retries.
+const slowStart = 30 * time.Second
+
+// logSlowStarts says which owned slots are still starting, and why, once
+// per slowStart (only the loop's goroutine calls it).
+func (m *memberRun) logSlowStarts() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for s, r := range m.slots {
+		if r.role != roleOwner || r.app.Load() != nil || r.stopping.Load() || time.Since(r.started) < slowStart || time.Since(r.slowLogged) < slowStart {
+			continue
+		}
+		r.slowLogged = time.Now()
+		m.log.Warn("member: a slot is still starting", "slot", s, "for", time.Since(r.started).Round(time.Second), "phase", r.startPhase())
+	}
+}
+
+// startPhase is what an owner's start does ("connecting" before its
+// first step).
+func (r *slotRun) startPhase() string {
+	if p := r.phase.Load(); p != nil {
+		return *p
+	}
+	return "connecting"
 }
 
 // record is this member's record: its slots and their positions.
@@ -434,6 +517,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 				pause = time.Second
 			}
 			m.log.Warn("member: a slot run ended; restarting it", "slot", s, "role", r.role, "err", r.err, "in", pause)
+			m.ended[s] = fmt.Sprintf("its %s run ended (%v)", r.role, r.err)
 			delete(m.slots, s)
 			m.restartAt[s] = time.Now().Add(pause)
 			r = nil
@@ -635,6 +719,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o := m.opts
 	o.SlotView = m.slotRows
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
+	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
 	o.OnReady = func(a *App) {
 		r.served.Store(true)
 		r.app.Store(a)
@@ -772,6 +857,9 @@ func (m *memberRun) readyz(w http.ResponseWriter, _ *http.Request) {
 	m.mu.Lock()
 	if len(m.assign) == 0 {
 		why = append(why, "member: no assignment read yet")
+		if p := m.phase.Load(); p != nil {
+			why = append(why, *p)
+		}
 	}
 	for _, a := range m.assign {
 		if a.Owner == "" {
@@ -779,7 +867,7 @@ func (m *memberRun) readyz(w http.ResponseWriter, _ *http.Request) {
 		}
 		if a.Owner == m.id {
 			if r := m.slots[a.Slot]; r == nil || r.role != roleOwner || r.app.Load() == nil {
-				why = append(why, fmt.Sprintf("slot %d: starting", a.Slot))
+				why = append(why, m.startingReason(a.Slot, r))
 			}
 		}
 	}
@@ -795,6 +883,27 @@ func (m *memberRun) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+// startingReason says why slot s, owned here, does not serve yet (m.mu
+// held; r is its run, if any).
+func (m *memberRun) startingReason(s int, r *slotRun) string {
+	switch {
+	case r == nil:
+		if why, ok := m.ended[s]; ok {
+			if at := m.restartAt[s]; time.Now().Before(at) {
+				return fmt.Sprintf("slot %d: starting again in %s: %s", s, time.Until(at).Round(100*time.Millisecond), why)
+			}
+		}
+		return fmt.Sprintf("slot %d: starting", s)
+	case r.role == roleStandby && r.stopping.Load():
+		return fmt.Sprintf("slot %d: starting: its standby stops to be promoted", s)
+	case r.role == roleStandby:
+		return fmt.Sprintf("slot %d: starting: waiting for the previous owner to release it (a standby warms meanwhile)", s)
+	case r.stopping.Load():
+		return fmt.Sprintf("slot %d: stopping", s)
+	}
+	return fmt.Sprintf("slot %d: starting for %s: %s", s, time.Since(r.started).Round(100*time.Millisecond), r.startPhase())
 }
 
 // metricsHandler merges the member's families with every local core's,

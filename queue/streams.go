@@ -33,6 +33,57 @@ import (
 // is dead-lettered instead of staying in the stream, unanswered, for ever.
 func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
 	c = c.Defaults()
+	var filters []string
+	for _, p := range c.Owner.Partitions(c.Partitions) {
+		filters = append(filters, fmt.Sprintf("%s.req.%d.*", c.Prefix, p))
+	}
+	if len(filters) == 0 {
+		return nil, fmt.Errorf("replica %s owns none of %d partitions", c.Owner, c.Partitions)
+	}
+	if c.Owner.Index == 0 {
+		filters = append(filters, c.Prefix+".req.*")
+	}
+	if err := ProvisionStreams(ctx, js, c); err != nil {
+		return nil, err
+	}
+	cc := jetstream.ConsumerConfig{
+		Durable:        c.ConsumerName(),
+		Description:    fmt.Sprintf("telha-cascade replica %s of %d partitions", c.Owner, c.Partitions),
+		FilterSubjects: filters,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		// Unlimited at the server: a message whose worker was killed is
+		// always redelivered (a server-side limit would strand it, unacked
+		// and undelivered, for ever). The worker itself dead-letters a
+		// request that fails transiently on its MaxDeliver-th delivery.
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	if consumerNotUnique(err) {
+		// A replica count change leaves consumers of replicas that no longer
+		// exist holding partitions; remove those (index >= N) and retry.
+		// Consumers of live replicas converge as they restart.
+		if derr := dropStaleConsumers(ctx, js, c); derr != nil {
+			return nil, errors.Join(err, derr)
+		}
+		cons, err = js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision consumer %s: %w", c.ConsumerName(), err)
+	}
+	return cons, nil
+}
+
+// ProvisionStreams creates or updates the streams of Provision, without
+// a consumer: what every replica shares. A caller that starts many
+// replicas at once (a member with many slots) calls it once before them,
+// so that they update streams that exist rather than create the same
+// streams at once, which a JetStream cluster answers late or never
+// (nats-server#3677).
+func ProvisionStreams(ctx context.Context, js jetstream.JetStream, c Config) error {
+	c = c.Defaults()
 	req := jetstream.StreamConfig{
 		Name:        c.ReqStream,
 		Description: "telha-cascade delete and write requests",
@@ -76,65 +127,28 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		Duplicates:        c.DuplicateWindow,
 		Replicas:          c.StreamReplicas,
 	}
-	var filters []string
-	for _, p := range c.Owner.Partitions(c.Partitions) {
-		filters = append(filters, fmt.Sprintf("%s.req.%d.*", c.Prefix, p))
-	}
-	if len(filters) == 0 {
-		return nil, fmt.Errorf("replica %s owns none of %d partitions", c.Owner, c.Partitions)
-	}
-	if c.Owner.Index == 0 {
-		filters = append(filters, c.Prefix+".req.*")
-	}
 	// P is fixed at install: changing it moves tenants between partitions
 	// (and replicas) that do not hold their data. Refuse rather than
 	// silently re-partition an installed stream.
 	if existing, err := js.Stream(ctx, c.ReqStream); err == nil {
 		info := existing.CachedInfo()
 		if st := info.Config.SubjectTransform; st != nil && st.Destination != req.SubjectTransform.Destination {
-			return nil, fmt.Errorf("%w: stream %s maps %s to %s; this worker is configured for %s (--partitions %d). "+
+			return fmt.Errorf("%w: stream %s maps %s to %s; this worker is configured for %s (--partitions %d). "+
 				"P is fixed at install: changing it needs a data move (see docs/DEPLOY.md)",
 				ErrPartitionsChanged, c.ReqStream, st.Source, st.Destination, req.SubjectTransform.Destination, c.Partitions)
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("look up stream %s: %w", c.ReqStream, err)
+		return fmt.Errorf("look up stream %s: %w", c.ReqStream, err)
 	}
 	if err := provisionNoDedup(ctx, js, c); err != nil {
-		return nil, err
+		return err
 	}
 	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return nil, fmt.Errorf("provision stream %s: %w", sc.Name, err)
+			return fmt.Errorf("provision stream %s: %w", sc.Name, err)
 		}
 	}
-	cc := jetstream.ConsumerConfig{
-		Durable:        c.ConsumerName(),
-		Description:    fmt.Sprintf("telha-cascade replica %s of %d partitions", c.Owner, c.Partitions),
-		FilterSubjects: filters,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.AckWait,
-		// Unlimited at the server: a message whose worker was killed is
-		// always redelivered (a server-side limit would strand it, unacked
-		// and undelivered, for ever). The worker itself dead-letters a
-		// request that fails transiently on its MaxDeliver-th delivery.
-		MaxDeliver:    -1,
-		MaxAckPending: c.MaxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
-	if consumerNotUnique(err) {
-		// A replica count change leaves consumers of replicas that no longer
-		// exist holding partitions; remove those (index >= N) and retry.
-		// Consumers of live replicas converge as they restart.
-		if derr := dropStaleConsumers(ctx, js, c); derr != nil {
-			return nil, errors.Join(err, derr)
-		}
-		cons, err = js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("provision consumer %s: %w", c.ConsumerName(), err)
-	}
-	return cons, nil
+	return nil
 }
 
 // provisionNoDedup makes sure the stream TELHA_REQ sources exists, empty
