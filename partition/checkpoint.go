@@ -340,7 +340,7 @@ func writeTar(w io.Writer, dir string, skip func(name string) bool) error {
 
 // ListCheckpoints returns partition p's checkpoints, oldest first.
 func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]CheckpointInfo, error) {
-	objs, err := obs.List(ctx)
+	objs, err := listObjects(ctx, obs)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
 	}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -174,7 +175,7 @@ func digestFile(path string) (string, error) {
 // objectNames lists the live objects whose names start with prefix.
 func objectNames(ctx context.Context, obs jetstream.ObjectStore, prefix string) (map[string]bool, error) {
 	out := map[string]bool{}
-	objs, err := obs.List(ctx)
+	objs, err := listObjects(ctx, obs)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return out, nil
 	}
@@ -305,7 +306,7 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 			keep[t.Object] = true
 		}
 	}
-	objs, err := obs.List(ctx)
+	objs, err := listObjects(ctx, obs)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return 0, 0, nil
 	}
@@ -340,4 +341,17 @@ func listed(cps []CheckpointInfo, name string, p int) bool {
 		}
 	}
 	return false
+}
+
+// listTimeout bounds one listing of a bucket: the client's List of an
+// empty bucket waits for its context when its first read of the bucket is
+// not answered ("no responders" from a bucket just created on a cluster),
+// and some callers' contexts have no deadline (a start's).
+const listTimeout = 30 * time.Second
+
+// listObjects is obs.List, bounded by listTimeout.
+func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
+	return obs.List(ctx)
 }
