@@ -110,6 +110,10 @@ type memberRun struct {
 	// wake: a slot run ended; the loop reconciles at once (a promotion
 	// waits for its standby's tail to stop, never under mu).
 	wake chan struct{}
+	// renewedAt: when the last renewal that succeeded was sent (unix
+	// nanoseconds; 0: never). The lease of this member's reads runs from
+	// it (leaseLost).
+	renewedAt atomic.Int64
 	// regFailed: when this member's last renewal failed (zero: never).
 	// Only the loop's goroutine touches it.
 	regFailed time.Time
@@ -383,10 +387,12 @@ func (m *memberRun) ownsNothing() bool {
 func (m *memberRun) step(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, max(m.cfg.Member.TTL/2, time.Second))
 	defer cancel()
+	sent := time.Now() // the record lives TTL from the server's receipt, which is later
 	if err := m.reg.Renew(sctx, m.record()); err != nil {
 		m.regFailed = time.Now()
 		return err
 	}
+	m.renewedAt.Store(sent.UnixNano())
 	// After this member could not reach the registry, every record may
 	// be stale for the same reason: lead again only after a whole TTL of
 	// renewals (the others have renewed by then, or are gone).
@@ -407,6 +413,31 @@ func (m *memberRun) step(ctx context.Context) error {
 	m.reconcile(cur, members)
 	m.logSlowStarts()
 	return nil
+}
+
+// leaseLost says why this member may no longer answer reads from its
+// copies, or "" while it may (issue 30 item 4: reads under a lease).
+//
+// Invariant: a slot moves only after its owner's record expired, TTL after
+// the server received the owner's last renewal, so no other member can
+// have written to a slot this member owns before renewedAt + TTL. This
+// member answers reads from its copies only until renewedAt + TTL - margin
+// (margin: a third of the TTL, at least a second: clocks run at slightly
+// different rates, and a read already admitted must finish); past it, a
+// member cut off from NATS answers 503 and reports not ready, so a Service
+// routes elsewhere, and it never answers a stale 200, or a 404 for an
+// entity written after the move.
+func (m *memberRun) leaseLost() string {
+	at := m.renewedAt.Load()
+	if at == 0 {
+		return ""
+	}
+	ttl := m.cfg.Member.TTL
+	lease := ttl - max(ttl/3, time.Second)
+	if since := time.Since(time.Unix(0, at)); since > lease {
+		return fmt.Sprintf("member: its membership was last renewed %s ago (lease %s of a %s TTL): NATS unreachable? its copies may be stale, so it answers no read", since.Round(100*time.Millisecond), lease, ttl)
+	}
+	return ""
 }
 
 // slowStart: an owner's start this long is said in the log (and again
@@ -748,11 +779,20 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 			// does not exit for it.
 			return
 		}
-		if r.err != nil && (errors.Is(r.err, storage.ErrFatal) || errors.Is(r.err, ErrUsage)) {
+		switch {
+		case r.err != nil && errors.Is(r.err, ErrUsage):
+			// A configuration every slot shares: the member cannot go on.
 			select {
 			case m.fatal <- fmt.Errorf("slot %d: %w", s, r.err):
 			default:
 			}
+		case r.err != nil && errors.Is(r.err, storage.ErrFatal):
+			// One slot fails alone (issue 30 item 2): fenced (another
+			// member owns it now: this one was paused or cut off past its
+			// TTL) or its store broke. Its run has closed and released it;
+			// the member and its other slots go on, and the next round
+			// starts it again if the slot is still this member's.
+			m.log.Error("member: a slot stopped on a fatal error; the member and its other slots go on", "slot", s, "err", r.err)
 		}
 	}()
 	return r
@@ -874,6 +914,9 @@ func (m *memberRun) readyz(w http.ResponseWriter, _ *http.Request) {
 	m.mu.Unlock()
 	if m.leaving.Load() {
 		why = append(why, "member: leaving (SIGTERM)")
+	}
+	if lost := m.leaseLost(); lost != "" {
+		why = append(why, lost)
 	}
 	if len(why) > 0 {
 		w.Header().Set("Content-Type", "application/json")
@@ -1097,6 +1140,13 @@ func (m *memberRun) ownerURL(s int) string {
 // forwarded to its owner; while the slot has no serving owner (a move, a
 // failover), it waits up to --forward-wait.
 func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
+	if lost := m.leaseLost(); lost != "" {
+		// Not-owner too: a member that forwarded it routes again.
+		w.Header().Set(hdrNotOwner, m.id)
+		w.Header().Set("Retry-After", "1")
+		writeJSONError(w, http.StatusServiceUnavailable, lost)
+		return
+	}
 	s := queue.Partition(r.PathValue("t"), m.cfg.Partitions) % m.n
 	forwarded := r.Header.Get(hdrForwarded) != ""
 	deadline := time.Now().Add(m.cfg.Member.ForwardWait)

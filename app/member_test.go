@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -39,8 +40,14 @@ func startMember(t *testing.T, ns *testnats.Server, id string, onReady ...func(*
 // standbys per slot.
 func startMemberIn(t *testing.T, ns *testnats.Server, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
 	t.Helper()
+	return startMemberURL(t, ns.ClientURL(), id, dir, standbys, onReady...)
+}
+
+// startMemberURL is startMemberIn against the NATS server at url.
+func startMemberURL(t *testing.T, url, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
+	t.Helper()
 	addr := testnats.FreeAddr(t)
-	cfg, err := ParseFlags([]string{"--data-dir", dir, "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
+	cfg, err := ParseFlags([]string{"--data-dir", dir, "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", url,
 		"--partitions", "4", "--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", id, "--member-ttl", "2s",
 		"--standbys", fmt.Sprint(standbys), "--auth", "off", "--reaper-schedule", "@every 1h", "--checkpoint-schedule", "@every 1h", "--shutdown-grace", "10s"},
 		func(string) string { return "" }, io.Discard)
@@ -324,5 +331,127 @@ func TestRolelessCopyIsRemoved(t *testing.T) {
 	})
 	if _, err := os.Stat(filepath.Join(dirA, "slots", fmt.Sprint(owned), "pebble")); err != nil {
 		t.Fatalf("the copy of the slot a owns: %v", err)
+	}
+}
+
+// cutProxy is a TCP proxy to a NATS server that a test can cut: every
+// connection through it is closed and new ones are refused (a member cut
+// off from NATS, its process and its HTTP still up).
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	cut   bool
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	t.Cleanup(p.Cut)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			p.mu.Lock()
+			if err != nil || p.cut {
+				p.mu.Unlock()
+				c.Close()
+				if u != nil {
+					u.Close()
+				}
+				continue
+			}
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); u.Close() }()
+			go func() { _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) URL() string { return "nats://" + p.ln.Addr().String() }
+
+// Cut closes every connection and the listener.
+func (p *cutProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	p.ln.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// TestMemberCutOffFromNATSServesNoStaleRead (issue 30 item 4, reads under
+// a lease): a member whose NATS connection is cut loses its slots to the
+// other member after the TTL; from then on, a read through the cut-off
+// member of a node written after the move never answers 404, and of a
+// node tombstoned after the move never answers 200: it answers 503, and
+// its /readyz is not 200.
+func TestMemberCutOffFromNATSServesNoStaleRead(t *testing.T) {
+	ns := testnats.Start(t)
+	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	a := startMemberURL(t, proxy.URL(), "a", t.TempDir(), 1)
+	a.settledOn(t, "a")
+	b := startMemberIn(t, ns, "b", t.TempDir(), 1)
+	v := b.settledOn(t, "a", "b")
+	slotA := -1
+	for _, as := range v.Assignments {
+		if as.Owner == "a" {
+			slotA = as.Slot
+		}
+	}
+	if slotA < 0 {
+		t.Fatalf("a owns no slot: %+v", v)
+	}
+	tenant := ""
+	for i := 0; tenant == ""; i++ {
+		if name := fmt.Sprintf("acme%d", i); queue.Partition(name, 4)%2 == slotA {
+			tenant = name
+		}
+	}
+	bus := newBus(t, ns)
+	old := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(old))))
+	get := func(m *memberUnderTest, path string) int {
+		resp, err := http.Get(m.base + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	oldPath := "/v1/tenants/" + tenant + "/nodes/" + old
+	testnats.Eventually(t, 30*time.Second, "a reads its own node", func() bool { return get(a, oldPath) == 200 })
+
+	proxy.Cut()
+	b.settledOn(t, "b")
+	// After the move: a node written, the old one tombstoned, both by b.
+	fresh := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(fresh))))
+	mustOK(t, bus.wait(bus.send(tenant, tombNode(old))))
+	freshPath := "/v1/tenants/" + tenant + "/nodes/" + fresh
+	if code := get(b, freshPath); code != 200 {
+		t.Fatalf("b reads the node it wrote: %d", code)
+	}
+	for i := 0; i < 20; i++ {
+		if code := get(a, freshPath); code != http.StatusServiceUnavailable {
+			t.Fatalf("through the cut-off member, a node written after the move answered %d, want 503", code)
+		}
+		if code := get(a, oldPath); code != http.StatusServiceUnavailable {
+			t.Fatalf("through the cut-off member, a node tombstoned after the move answered %d, want 503", code)
+		}
+		if code := get(a, "/readyz"); code == 200 {
+			t.Fatal("the cut-off member's /readyz answered 200")
+		}
+		time.Sleep(50 * time.Millisecond) // reads spread over a second, not a synchronisation
 	}
 }
