@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,6 +111,8 @@ type memberRun struct {
 	// wake: a slot run ended; the loop reconciles at once (a promotion
 	// waits for its standby's tail to stop, never under mu).
 	wake chan struct{}
+	// incarnation is this process's (random; member.Member.Incarnation).
+	incarnation string
 	// renewedAt: when the last renewal that succeeded was sent (unix
 	// nanoseconds; 0: never). The lease of this member's reads runs from
 	// it (leaseLost).
@@ -181,8 +184,9 @@ func (r *slotRun) exited() bool {
 func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
-		pc:    member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
-		slots: map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
+		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
+		incarnation: uuid.NewString(),
+		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
 		fatal:  make(chan error, 1),
 		wake:   make(chan struct{}, 1),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -250,6 +254,18 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 			return nil
 		case <-time.After(delay):
 		}
+	}
+	// Two processes with one --member-id would fence each other's slots
+	// for ever: the second one stops here (issue 30 item 5).
+	if err := m.reg.CheckDuplicate(ctx, m.id, m.incarnation, 2*m.stepEvery()+time.Second); err != nil {
+		if errors.Is(err, member.ErrDuplicateMember) {
+			m.log.Error("member: another live process already runs with this --member-id; give each process its own id", "member_id", m.id, "err", err)
+			return fmt.Errorf("%w: --member-id %s: %w", ErrUsage, m.id, err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	if err := m.checkLegacy(ctx); err != nil {
 		return err
@@ -469,7 +485,8 @@ func (r *slotRun) startPhase() string {
 
 // record is this member's record: its slots and their positions.
 func (m *memberRun) record() member.Member {
-	rec := member.Member{ID: m.id, URL: m.cfg.Member.AdvertiseURL, Leaving: m.leaving.Load(), Started: m.started.UTC(), Slots: map[int]member.SlotState{}}
+	rec := member.Member{ID: m.id, URL: m.cfg.Member.AdvertiseURL, Leaving: m.leaving.Load(), Started: m.started.UTC(), Incarnation: m.incarnation,
+		Slots: map[int]member.SlotState{}}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for s, r := range m.slots {

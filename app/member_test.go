@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/queue/client"
@@ -454,4 +455,30 @@ func TestMemberCutOffFromNATSServesNoStaleRead(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // reads spread over a second, not a synchronisation
 	}
+}
+
+// TestDuplicateMemberIDExits (issue 30 item 5): a second process started
+// with a live member's --member-id stops with a usage error (exit 2)
+// naming the duplicate, and the live member goes on serving.
+func TestDuplicateMemberIDExits(t *testing.T) {
+	ns := testnats.Start(t)
+	a := startMember(t, ns, "a")
+	a.settledOn(t, "a")
+	addr := testnats.FreeAddr(t)
+	cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", ns.ClientURL(),
+		"--partitions", "4", "--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", "a", "--member-ttl", "2s",
+		"--standbys", "1", "--auth", "off"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = Run(ctx, cfg, testLog, Options{})
+	if !errors.Is(err, ErrUsage) || !errors.Is(err, member.ErrDuplicateMember) {
+		t.Fatalf("the second process with id a returned %v, want a usage error wrapping ErrDuplicateMember", err)
+	}
+	if v, code := a.view(); code != 200 || len(v.Members) != 1 {
+		t.Fatalf("the live member after the duplicate stopped: %d %+v", code, v)
+	}
+	a.settledOn(t, "a")
 }

@@ -87,6 +87,49 @@ func (r *Registry) Renew(ctx context.Context, m Member) error {
 	return nil
 }
 
+// ErrDuplicateMember: another live process renews the record of this
+// member id.
+var ErrDuplicateMember = errors.New("member: another live process uses this member id")
+
+// CheckDuplicate returns ErrDuplicateMember when id's record is renewed
+// by another process (another incarnation) within watch; nil when there is
+// no live record of id, or it is not renewed meanwhile (a previous process
+// of this member that died: its record expires within the TTL). Call it
+// before the first Renew; watch should span two of the others' renewals.
+func (r *Registry) CheckDuplicate(ctx context.Context, id, incarnation string, watch time.Duration) error {
+	first, err := r.members.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("member: get %s: %w", id, err)
+	}
+	deadline := r.now().Add(watch)
+	for r.now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		e, err := r.members.Get(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil // expired or left
+		}
+		if err != nil {
+			return fmt.Errorf("member: get %s: %w", id, err)
+		}
+		if e.Revision() == first.Revision() {
+			continue
+		}
+		var m Member
+		if json.Unmarshal(e.Value(), &m) == nil && m.Incarnation != incarnation {
+			return fmt.Errorf("%w: %s (started %s, advertising %s) renewed its record %s ago", ErrDuplicateMember, id,
+				m.Started.Format(time.RFC3339), m.URL, r.now().Sub(m.Renewed).Round(time.Millisecond))
+		}
+	}
+	return nil
+}
+
 // Leave deletes id's record: its slots move at once, not after the TTL.
 func (r *Registry) Leave(ctx context.Context, id string) error {
 	if err := r.members.Delete(ctx, id); err != nil {

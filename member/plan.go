@@ -28,10 +28,13 @@ type Member struct {
 	ID  string `json:"id"`
 	URL string `json:"url"` // where its HTTP answers reads (forwarding)
 	// Leaving: SIGTERM; its slots move away (warm-first) before it exits.
-	Leaving bool              `json:"leaving,omitempty"`
-	Started time.Time         `json:"started"`
-	Renewed time.Time         `json:"renewed"`
-	Slots   map[int]SlotState `json:"slots,omitempty"`
+	Leaving bool      `json:"leaving,omitempty"`
+	Started time.Time `json:"started"`
+	// Incarnation is random per process: two processes started with one
+	// --member-id write different ones (Registry.CheckDuplicate).
+	Incarnation string            `json:"incarnation,omitempty"`
+	Renewed     time.Time         `json:"renewed"`
+	Slots       map[int]SlotState `json:"slots,omitempty"`
 }
 
 // Assignment is one slot's entry in TELHA_OWNERS_<N>.
