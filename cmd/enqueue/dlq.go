@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/queue/client"
 )
 
@@ -222,6 +223,56 @@ func runOwner(ctx context.Context, g *globals, args []string, stdout, stderr io.
 	if replicas > 0 {
 		out["replica"] = part % replicas
 		out["consumer"] = fmt.Sprintf("telha-worker-%d", part%replicas)
+		// Dynamic ownership (issue 30): the slot's owner is whoever the
+		// group assigned it to, not replica i.
+		if dyn, err := dynamicOwner(ctx, c.JetStream(), replicas, part%replicas); err != nil {
+			return err
+		} else if dyn != nil {
+			delete(out, "replica")
+			for k, v := range dyn {
+				out[k] = v
+			}
+			out["rule"] = "partition = fnv1a32(tenant) % partitions; slot = partition % slots; the slot's owner is the member " +
+				member.OwnersBucket(replicas) + " assigns it to (it moves between live members)"
+		}
 	}
 	return json.NewEncoder(stdout).Encode(out)
+}
+
+// dynamicOwner reads slot s's assignment in a dynamic layout of n slots
+// (nil when the layout is static: no TELHA_OWNERS_<n> bucket): the slot,
+// its owner, the owner's URL, its epoch and standbys.
+func dynamicOwner(ctx context.Context, js jetstream.JetStream, n, s int) (map[string]any, error) {
+	owners, err := js.KeyValue(ctx, member.OwnersBucket(n))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", member.OwnersBucket(n), err)
+	}
+	out := map[string]any{"mode": "dynamic", "slots": n, "slot": s}
+	e, err := owners.Get(ctx, fmt.Sprintf("slot-%d", s))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		out["owner"] = nil // not assigned yet: no member has joined
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: slot %d: %w", member.OwnersBucket(n), s, err)
+	}
+	var a member.Assignment
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		return nil, fmt.Errorf("bucket %s: slot %d: %w", member.OwnersBucket(n), s, err)
+	}
+	out["owner"], out["epoch"], out["standbys"] = a.Owner, a.Epoch, a.Standbys
+	if members, err := js.KeyValue(ctx, member.MembersBucket); err == nil && a.Owner != "" {
+		if me, err := members.Get(ctx, a.Owner); err == nil {
+			var m member.Member
+			if json.Unmarshal(me.Value(), &m) == nil {
+				out["owner_url"] = m.URL
+			}
+		} else if errors.Is(err, jetstream.ErrKeyNotFound) {
+			out["owner_live"] = false // its record expired: the slot is about to move
+		}
+	}
+	return out, nil
 }
