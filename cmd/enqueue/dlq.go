@@ -37,6 +37,7 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 	reason := fs.String("reason", "", "list: only dead letters with this reason")
 	limit := fs.Int("limit", 100, "list: at most this many, newest first")
 	format := fs.String("format", "auto", "list: table (for people), json (JSON lines, for scripts), or auto: a table on a terminal, JSON lines otherwise")
+	force := fs.Bool("force", false, "retry: republish even a dead letter refused as malformed (decode, invalid, tenant_mismatch, too_large, conflict), which fails again as it is")
 	pos, err := parseConn(fs, g, rest)
 	if err != nil {
 		return err
@@ -109,6 +110,16 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 		}
 		return enc.Encode(client.DeadLetterOf(m, g.prefix, true))
 	case "retry":
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			return missing(err, seq, *stream)
+		}
+		if d := client.DeadLetterOf(m, g.prefix, false); refusedAsIs[d.Reason] && !*force {
+			// The same body is refused again at once, and dead-lettered again
+			// (issue 32 item 7): say so instead of looping it.
+			return usageError{fmt.Sprintf("dead letter %d was refused as %s (%s): republished as it is, it is refused again at once; "+
+				"publish a corrected request under its request id instead, or pass --force to republish it anyway", seq, d.Reason, shorten(d.Error, 200))}
+		}
 		r, err := client.RetryDeadLetter(ctx, js, s, g.prefix, seq)
 		if err != nil {
 			return missing(err, seq, *stream)
@@ -123,6 +134,18 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 	return nil
 }
 
+// refusedAsIs are the dead-letter reasons whose body the worker refuses
+// again as it is (queue/request.go); the others (retries_exhausted,
+// crash_loop, wrong_partition) may succeed on a retry.
+var refusedAsIs = map[string]bool{"decode": true, "invalid": true, "tenant_mismatch": true, "too_large": true, "conflict": true}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
 const dlqUsage = `usage: enqueue dlq <command> [flags]
 
 commands:
@@ -130,7 +153,8 @@ commands:
                        --limit; --format table|json|auto)
   show SEQ             one dead letter with its headers and body (JSON)
   retry SEQ            republish its payload to the request subject of its
-                       own tenant, then remove it
+                       own tenant, then remove it (a dead letter refused as
+                       malformed only with --force: it would fail again)
   discard SEQ          remove it
 
 SEQ is the dead letter's sequence in the stream (dlq list shows it).

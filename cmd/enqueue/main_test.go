@@ -98,9 +98,15 @@ func TestEnqueueAsAUserWouldRunIt(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"body":{"request_id":"broken-1"`) || !strings.Contains(out, "Telha-Reason") {
 		t.Fatalf("dlq show: %d %s", code, out)
 	}
-	code, out, errOut = enqueue(t, "dlq", "retry", seq, "--nats-url", url)
+	// Refused as invalid: a retry as it is would fail again at once, so it
+	// needs --force (issue 32 item 7).
+	code, _, errOut = enqueue(t, "dlq", "retry", seq, "--nats-url", url)
+	if code != 2 || !strings.Contains(errOut, "--force") || !strings.Contains(errOut, "invalid") {
+		t.Fatalf("dlq retry of an invalid dead letter: %d %q, want exit 2 asking for --force", code, errOut)
+	}
+	code, out, errOut = enqueue(t, "dlq", "retry", seq, "--force", "--nats-url", url)
 	if code != 0 || !strings.Contains(out, `"retried":`+seq) {
-		t.Fatalf("dlq retry: %d %s %s", code, out, errOut)
+		t.Fatalf("dlq retry --force: %d %s %s", code, out, errOut)
 	}
 	// Retried, still invalid: dead-lettered again under a new seq; the old one is gone.
 	var last string
