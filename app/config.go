@@ -232,9 +232,11 @@ func EnvName(flagName string) string {
 
 // UnknownEnv lists the TELHA_* variables of environ that name no flag (a
 // typo would otherwise be silently ignored). TELHA_TEST_* and the client's
-// TELHA_NATS_* ones are known.
+// TELHA_NATS_* ones are known, and so is TELHA_MEMORY_LIMIT, the
+// container's memory limit that cmd/worker derives its soft memory limit
+// from (the Helm chart's goMemLimit: auto).
 func UnknownEnv(environ []string) []string {
-	known := map[string]bool{}
+	known := map[string]bool{"TELHA_MEMORY_LIMIT": true}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	var c Config
 	registerNames(fs, &c)

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/telha/telha-cascade/app"
@@ -50,6 +53,7 @@ func run() int {
 	log := app.NewLogger(cfg, os.Stderr)
 	procs, boosted, why := app.SetProcs(os.Getenv)
 	log.Info("scheduler", "gomaxprocs", procs, "while_cascading", boosted, "cpus", runtime.NumCPU(), "why", why)
+	setMemoryLimit(log, cfg)
 	for _, k := range app.UnknownEnv(os.Environ()) {
 		log.Warn("environment variable names no flag; ignored (a typo?)", "name", k)
 	}
@@ -69,4 +73,29 @@ func run() int {
 	}
 	log.Info("worker stopped cleanly")
 	return exitOK
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit as
+// planMemoryLimit decides (memlimit.go) and logs the limit in force and
+// why, like the scheduler line above it.
+func setMemoryLimit(log *slog.Logger, cfg app.Config) {
+	p := planMemoryLimit(os.Getenv, cfg, cgoBuild)
+	if p.Set {
+		debug.SetMemoryLimit(p.Soft)
+	}
+	soft := debug.SetMemoryLimit(-1) // the limit in force
+	attrs := []any{"cgo", cgoBuild, "why", p.Why}
+	if soft == math.MaxInt64 {
+		attrs = append([]any{"soft_limit", "none"}, attrs...)
+	} else {
+		attrs = append([]any{"soft_limit", mib(soft), "soft_limit_bytes", soft}, attrs...)
+	}
+	if p.Container > 0 {
+		attrs = append(attrs, "container_limit_bytes", p.Container, "pebble_off_heap_bytes", p.OffHeap)
+	}
+	if p.Warn {
+		log.Warn("memory", attrs...)
+		return
+	}
+	log.Info("memory", attrs...)
 }
