@@ -461,6 +461,12 @@ func TestExtraVolumesAndEnv(t *testing.T) {
 // it (port-forward to a replica on the API port, or the Ingress hosts),
 // where the read API's tokens come from, and the ownership: the slots and
 // their changelogs in dynamic mode, each replica's partitions in static.
+// Who the read API answers follows the auth mode (issue 32): the Service
+// (dynamic) or a replica's stable name (static) for token holders, or
+// anyone with auth.mode off; without tokens, port-forward and exec only,
+// never a claim that the Service serves reads. The streams are the
+// worker's to provision (never "must map"), and the chart's default image,
+// which is not published, comes with a warning that says how to build one.
 func TestNotes(t *testing.T) {
 	cases := []struct {
 		name string
@@ -479,7 +485,17 @@ func TestNotes(t *testing.T) {
 			"TELHA_LOG_STATIC8_<i>",
 			"TELHA_OWNERS_8",
 			"forwards a read",
-		}, []string{"Through the Ingress", "Ownership: static"}},
+			"answers only clients that come\nthrough kubectl port-forward or exec",
+			"kubectl -n graph port-forward svc/telha-telha-cascade 8080:8080\n  curl localhost:8080/v1/tenants/<tenant>/...",
+			"answers any other client 401 until you set\nauth.tokensSecret",
+			"The worker creates or updates its streams at start (TELHA_REQ",
+			"{{partition(16,1)}}",
+			"give them the same configuration",
+			"WARNING: image.repository is the chart's default, ghcr.io/telha/telha-cascade",
+			"go run ./cmd/build-image",
+			"Dockerfile",
+			"--set image.repository=<registry>/telha-cascade --set image.tag=<tag>",
+		}, []string{"Through the Ingress", "Ownership: static", "serves reads for every tenant", "must map"}},
 		{"ui-ingress", []string{"-f", "telha-cascade/ci/ui-ingress-values.yaml"}, []string{
 			"kubectl -n graph port-forward pod/telha-telha-cascade-0 8081:8081",
 			"http://localhost:8081/ui/",
@@ -491,8 +507,28 @@ func TestNotes(t *testing.T) {
 			"Ownership: static",
 			"telha-telha-cascade-1: partitions 1 3 5 7 ",
 			"TELHA_LOG_STATIC2_<i>",
-		}, []string{"loopback", "Ownership: dynamic", "forwards a read"}},
-		{"auth off", []string{"--set", "auth.mode=off"}, []string{"/ui/", "auth.mode is off"}, nil},
+			"through its stable name (with a token",
+			"http://telha-telha-cascade-<i>.telha-telha-cascade-headless.graph.svc:8081/v1/journals",
+			"The worker creates or updates its streams at start",
+		}, []string{"loopback", "Ownership: dynamic", "forwards a read", "401", "must map", "WARNING: image.repository"}},
+		{"auth off", []string{"--set", "auth.mode=off"}, []string{"/ui/", "auth.mode is off",
+			"the release's Service serves reads for every tenant, to every client that\nreaches it",
+			"http://telha-telha-cascade.graph.svc:8080/v1/tenants/<tenant>/...",
+		}, []string{"401", "loopback"}},
+		{"dynamic with tokens", []string{"-f", "telha-cascade/ci/three-replicas-values.yaml"}, []string{
+			"the release's Service serves reads for every tenant to token holders",
+			"http://telha-telha-cascade.graph.svc:8080/v1/tenants/<tenant>/...",
+			"Secret telha-api-tokens",
+		}, []string{"loopback", "401", "port-forward or exec"}},
+		{"static without tokens", []string{"--set", "ownership.mode=static", "--set", "replicaCount=2"}, []string{
+			"Ownership: static",
+			"answers only clients that come through kubectl port-forward or exec",
+			"kubectl -n graph port-forward pod/telha-telha-cascade-<i> 8080:8080",
+			"answers\nany other client 401 until you set auth.tokensSecret",
+			"The worker creates or updates its streams at start",
+		}, []string{"serves reads for every tenant", "through its stable name", "must map"}},
+		{"own image", []string{"--set", "image.repository=registry.example.com/telha/telha-cascade", "--set", "image.tag=dev"},
+			[]string{"Ownership: dynamic"}, []string{"WARNING: image.repository", "build-image"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
