@@ -41,11 +41,16 @@
 //     a named port "api" in the pod and both Services, its own
 //     NetworkPolicy rule apart from /metrics), the /ui Ingress (one host
 //     and Service per replica when N > 1), extraVolumes/extraVolumeMounts/
-//     extraEnv, and what NOTES.txt tells about /ui/ and the tokens;
-//   - GOMEMLIMIT from the container's memory limit by default, goMemLimit
-//     and an extraEnv GOMEMLIMIT in its place, never twice; the streams'
-//     size limits (nats.resultsMaxBytes and the rest) reach the flags
-//     (limits_test.go);
+//     extraEnv, and what NOTES.txt tells about /ui/, the tokens, who the
+//     read API answers in each auth mode, the streams the worker
+//     provisions, and the default image, which is not published (a
+//     warning that says how to build one);
+//   - by default TELHA_MEMORY_LIMIT from the container's memory limit (in
+//     bytes; the worker derives its soft limit from it with headroom for
+//     Pebble) and no GOMEMLIMIT; goMemLimit's size as GOMEMLIMIT, an
+//     extraEnv GOMEMLIMIT or TELHA_MEMORY_LIMIT in the chart's place,
+//     never twice; the streams' size limits (nats.resultsMaxBytes and the
+//     rest) reach the flags (limits_test.go);
 //   - every telha_* family the worker's metrics package registers
 //     (the dynamic member's telha_partition_* and telha_member_* too) is
 //     on the dashboard, and the alerts on the oldest pending request, parked

@@ -9,10 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// The chart's memory and stream-size values: GOMEMLIMIT (goMemLimit), the
-// results and dead-letter streams' limits (nats.resultsMaxBytes,
-// nats.dlqMaxBytes, nats.resultsMaxPerTenant, nats.dlqMaxPerTenant), and
-// the alerts on the queue's oldest request, parked results and dead
+// The chart's memory and stream-size values: the soft memory limit
+// (goMemLimit: TELHA_MEMORY_LIMIT or GOMEMLIMIT), the results and
+// dead-letter streams' limits (nats.resultsMaxBytes, nats.dlqMaxBytes,
+// nats.resultsMaxPerTenant, nats.dlqMaxPerTenant), and the alerts on the queue's oldest request, parked results and dead
 // letters terminated without their result.
 
 // renderWith renders the chart with --set args and returns the worker
@@ -54,23 +54,39 @@ func envNamed(c corev1.Container, name string) []corev1.EnvVar {
 	return out
 }
 
-// TestGoMemLimit: by default GOMEMLIMIT is the container's memory limit
-// (the downward API), only when there is one; goMemLimit sets a value or
-// turns it off; an extraEnv GOMEMLIMIT replaces the chart's.
+// TestGoMemLimit: by default (goMemLimit: auto) the chart passes the
+// container's memory limit in TELHA_MEMORY_LIMIT (the downward API, in
+// bytes), from which the worker sets its soft limit with headroom for
+// Pebble's off-heap memory (cmd/worker/memlimit.go), and no GOMEMLIMIT,
+// which would be the whole limit; nothing without a memory limit.
+// goMemLimit with a size sets GOMEMLIMIT (which the worker keeps), ""
+// turns both off; an extraEnv GOMEMLIMIT replaces both, an extraEnv
+// TELHA_MEMORY_LIMIT the chart's.
 func TestGoMemLimit(t *testing.T) {
 	fromLimit := func(t *testing.T, c corev1.Container) {
 		t.Helper()
-		env := envNamed(c, "GOMEMLIMIT")
+		if env := envNamed(c, "GOMEMLIMIT"); len(env) != 0 {
+			t.Errorf("GOMEMLIMIT = %+v with goMemLimit auto: the whole container limit, no room for Pebble's off-heap memory", env)
+		}
+		env := envNamed(c, "TELHA_MEMORY_LIMIT")
 		if len(env) != 1 || env[0].ValueFrom == nil || env[0].ValueFrom.ResourceFieldRef == nil {
-			t.Fatalf("GOMEMLIMIT = %+v, want one, from the container's memory limit", env)
+			t.Fatalf("TELHA_MEMORY_LIMIT = %+v, want one, from the container's memory limit", env)
 		}
 		ref := env[0].ValueFrom.ResourceFieldRef
 		if ref.Resource != "limits.memory" || (ref.ContainerName != "" && ref.ContainerName != "worker") {
-			t.Errorf("GOMEMLIMIT from %+v, want limits.memory of the worker", ref)
+			t.Errorf("TELHA_MEMORY_LIMIT from %+v, want limits.memory of the worker", ref)
 		}
-		// Bytes, the only unitless number GOMEMLIMIT reads right.
-		if !ref.Divisor.IsZero() && ref.Divisor.String() != "1" {
-			t.Errorf("GOMEMLIMIT divisor %s: the worker would read a count of %s as bytes", ref.Divisor.String(), ref.Divisor.String())
+		// Bytes, the unitless number the worker reads.
+		if ref.Divisor.String() != "1" {
+			t.Errorf("TELHA_MEMORY_LIMIT divisor %q, want 1: the worker would read a count of %s as bytes", ref.Divisor.String(), ref.Divisor.String())
+		}
+	}
+	none := func(t *testing.T, c corev1.Container, why string) {
+		t.Helper()
+		for _, name := range []string{"GOMEMLIMIT", "TELHA_MEMORY_LIMIT"} {
+			if env := envNamed(c, name); len(env) != 0 {
+				t.Errorf("%s = %+v %s, want none", name, env, why)
+			}
 		}
 	}
 	t.Run("default", func(t *testing.T) {
@@ -85,28 +101,42 @@ func TestGoMemLimit(t *testing.T) {
 		if !c.Resources.Limits.Memory().IsZero() {
 			t.Fatalf("limits %v, want none", c.Resources.Limits)
 		}
-		if env := envNamed(c, "GOMEMLIMIT"); len(env) != 0 {
-			t.Errorf("GOMEMLIMIT = %+v without a memory limit, want none", env)
-		}
+		none(t, c, "without a memory limit")
 	})
 	t.Run("other limit", func(t *testing.T) {
 		fromLimit(t, renderWith(t, "resources.limits.memory=3Gi"))
 	})
 	t.Run("explicit value", func(t *testing.T) {
-		env := envNamed(renderWith(t, "goMemLimit=1500MiB"), "GOMEMLIMIT")
+		c := renderWith(t, "goMemLimit=1500MiB")
+		env := envNamed(c, "GOMEMLIMIT")
 		if len(env) != 1 || env[0].Value != "1500MiB" || env[0].ValueFrom != nil {
 			t.Errorf("GOMEMLIMIT = %+v, want 1500MiB", env)
 		}
-	})
-	t.Run("off", func(t *testing.T) {
-		if env := envNamed(renderWith(t, "goMemLimit="), "GOMEMLIMIT"); len(env) != 0 {
-			t.Errorf("GOMEMLIMIT = %+v with goMemLimit empty, want none", env)
+		if env := envNamed(c, "TELHA_MEMORY_LIMIT"); len(env) != 0 {
+			t.Errorf("TELHA_MEMORY_LIMIT = %+v beside an explicit GOMEMLIMIT, want none", env)
 		}
 	})
-	t.Run("extraEnv wins", func(t *testing.T) {
-		env := envNamed(renderWith(t, "extraEnv[0].name=GOMEMLIMIT,extraEnv[0].value=900MiB"), "GOMEMLIMIT")
+	t.Run("off", func(t *testing.T) {
+		none(t, renderWith(t, "goMemLimit="), "with goMemLimit empty")
+	})
+	t.Run("extraEnv GOMEMLIMIT wins", func(t *testing.T) {
+		c := renderWith(t, "extraEnv[0].name=GOMEMLIMIT,extraEnv[0].value=900MiB")
+		env := envNamed(c, "GOMEMLIMIT")
 		if len(env) != 1 || env[0].Value != "900MiB" {
 			t.Errorf("GOMEMLIMIT = %+v, want extraEnv's 900MiB only", env)
+		}
+		if env := envNamed(c, "TELHA_MEMORY_LIMIT"); len(env) != 0 {
+			t.Errorf("TELHA_MEMORY_LIMIT = %+v beside extraEnv's GOMEMLIMIT, want none", env)
+		}
+	})
+	t.Run("extraEnv TELHA_MEMORY_LIMIT wins", func(t *testing.T) {
+		c := renderWith(t, "extraEnv[0].name=TELHA_MEMORY_LIMIT,extraEnv[0].value=1Gi")
+		env := envNamed(c, "TELHA_MEMORY_LIMIT")
+		if len(env) != 1 || env[0].Value != "1Gi" {
+			t.Errorf("TELHA_MEMORY_LIMIT = %+v, want extraEnv's 1Gi only", env)
+		}
+		if env := envNamed(c, "GOMEMLIMIT"); len(env) != 0 {
+			t.Errorf("GOMEMLIMIT = %+v, want none", env)
 		}
 	})
 	// No render has an environment variable twice (the ci files set
