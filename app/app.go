@@ -236,6 +236,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		log.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
 	}
 	a.tracer = tp
+	for _, d := range cfg.Defaulted {
+		log.Info("flag not given; the layout implies it", "set", d)
+	}
 	auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
@@ -267,6 +270,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
+		cfg.StreamReplicas = a.cfg.StreamReplicas
 		a.setPhase("changelog: opening its stream and the checkpoint bucket")
 		cl, err := a.openChangelog(ctx)
 		if err != nil || cl == nil {
@@ -328,6 +332,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			}
 			return err
 		}
+		cfg.StreamReplicas = a.cfg.StreamReplicas
 	}
 	qcfg := cfg.queueConfig()
 	qcfg.TracerProvider = a.tracer
@@ -734,7 +739,32 @@ func (a *App) connect(ctx context.Context) error {
 		return fmt.Errorf("connect to nats: %w", err)
 	}
 	a.nc = nc
+	a.resolveReplicas(ctx)
 	return nil
+}
+
+// resolveReplicas settles --stream-replicas 0 (auto) once connected: the
+// servers the connection knows then include those the cluster advertised
+// (bounded wait: a cluster that starts after the worker counts its URLs
+// given).
+func (a *App) resolveReplicas(ctx context.Context) {
+	if a.cfg.StreamReplicas > 0 {
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !a.nc.IsConnected() && time.Now().Before(deadline) && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	n, why := a.cfg.ResolveReplicas(len(a.nc.Servers()))
+	if !a.nc.IsConnected() {
+		why += " (not connected yet: only the URLs given were counted)"
+		a.log.Warn("stream replicas", "replicas", n, "why", why)
+		return
+	}
+	a.log.Info("stream replicas", "replicas", n, "why", why)
 }
 
 // loopbackHost reports whether host (of --nats-listen) is a loopback

@@ -421,8 +421,12 @@ func TestAppliedKeyIsPartitions(t *testing.T) {
 // refusals (exit 2 with usage).
 func TestChangelogFlags(t *testing.T) {
 	cfg, err := ParseFlags(nil, func(string) string { return "" }, io.Discard)
-	if err != nil || cfg.Changelog != ChangelogOff || cfg.CheckpointSchedule != "@every 10m" || cfg.CheckpointsKeep != 2 || cfg.changelogReplicas() != 1 {
+	// --stream-replicas 0: settled when the worker connects (ResolveReplicas).
+	if err != nil || cfg.Changelog != ChangelogOff || cfg.CheckpointSchedule != "@every 10m" || cfg.CheckpointsKeep != 2 || cfg.changelogReplicas() != 0 {
 		t.Fatalf("defaults: %+v %v", cfg, err)
+	}
+	if n, _ := cfg.ResolveReplicas(5); n != 3 || cfg.changelogReplicas() != 3 {
+		t.Fatalf("auto replicas with 5 servers known: %d, want 3", n)
 	}
 	env := map[string]string{"TELHA_CHANGELOG": "jetstream", "TELHA_CHANGELOG_REPLICAS": "3", "TELHA_CHECKPOINT_SCHEDULE": "@every 1m", "TELHA_CHECKPOINTS_KEEP": "4"}
 	cfg, err = ParseFlags([]string{"--stream-replicas", "1", "--partitions", "4", "--partition-owner", "2/4"}, func(k string) string { return env[k] }, io.Discard)

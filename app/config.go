@@ -51,9 +51,11 @@ type Config struct {
 	ResultsMaxBytes, DLQMaxBytes         int64
 	ResultsMaxPerTenant, DLQMaxPerTenant int64
 	StreamReplicas                       int
-	LeaseTTL                             time.Duration
-	ShutdownGrace                        time.Duration
-	MinFreeDiskMB                        int
+	// Defaulted lists what the layout filled in (layoutDefaults).
+	Defaulted     []string
+	LeaseTTL      time.Duration
+	ShutdownGrace time.Duration
+	MinFreeDiskMB int
 	// OTLPEndpoint: --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT.
 	OTLPEndpoint string
 	// Auth is --auth; AuthTokensFile --auth-tokens-file (see AuthMode).
@@ -123,6 +125,7 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	if err := natsMode(&c, set, fromEnv); err != nil {
 		errs = append(errs, err)
 	}
+	layoutDefaults(&c, func(name string) bool { return set[name] || fromEnv[name] })
 	if c.OTLPEndpoint == "" {
 		c.OTLPEndpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT") // the standard variable, as OpenTelemetry SDKs read it
 	}
@@ -211,7 +214,7 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.Var((*byteSize)(&c.DLQMaxBytes), "dlq-max-bytes", "size limit of TELHA_DLQ (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest dead letters go first")
 	fs.Int64Var(&c.ResultsMaxPerTenant, "results-max-per-tenant", 1_000_000, "most results TELHA_RES keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.Int64Var(&c.DLQMaxPerTenant, "dlq-max-per-tenant", 10_000, "most dead letters TELHA_DLQ keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
-	fs.IntVar(&c.StreamReplicas, "stream-replicas", 1, "replicas of the streams this worker creates (3 on a JetStream cluster)")
+	fs.IntVar(&c.StreamReplicas, "stream-replicas", 0, "replicas of the streams, buckets and changelogs this worker creates; 0: as many as the NATS servers the worker learns of when it connects, at most 3 (1 for the embedded server)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", time.Minute, "a journal applier that makes no progress this long is abandoned and retried")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 60*time.Second, "how long SIGTERM waits for the drain (requests held, journal appliers) before the worker exits anyway")
 	fs.IntVar(&c.CacheMB, "pebble-cache-mb", 128, "Pebble block cache")
@@ -320,8 +323,8 @@ func (c *Config) validate() []error {
 	if c.AckWait < time.Second {
 		bad("--ack-wait must be at least 1s")
 	}
-	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
-		bad("--stream-replicas must be between 1 and 5")
+	if c.StreamReplicas < 0 || c.StreamReplicas > 5 {
+		bad("--stream-replicas must be between 0 (the cluster's size, at most 3) and 5")
 	}
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		bad("--nats-tls-cert and --nats-tls-key go together")
@@ -417,4 +420,39 @@ func perTenant(n int64) int64 {
 		return -1
 	}
 	return n
+}
+
+// layoutDefaults fills what the layout implies when it was not given
+// (issue 32 item 2: the common case with fewer flags):
+//   - dynamic ownership implies --changelog jetstream (what lets a slot
+//     move); an explicit --changelog off is still refused;
+//   - --partitions defaults to the N of --partition-owner i/N, auto/N or
+//     dynamic/N when that is more than 1 (N replicas or slots need at
+//     least N partitions).
+//
+// Flags given keep their value. Defaulted records what was filled, for
+// the start's log line.
+func layoutDefaults(c *Config, given func(string) bool) {
+	owner := c.PartitionOwner
+	if strings.HasPrefix(owner, "dynamic") && !given("changelog") {
+		c.Changelog = ChangelogJetStream
+		c.Defaulted = append(c.Defaulted, "--changelog jetstream (dynamic ownership moves slots through their changelogs)")
+	}
+	if _, n, ok := strings.Cut(owner, "/"); ok && !given("partitions") {
+		if v, err := strconv.Atoi(n); err == nil && v > c.Partitions && v <= 1024 {
+			c.Partitions = v
+			c.Defaulted = append(c.Defaulted, fmt.Sprintf("--partitions %d (one for each of the %d replicas or slots of --partition-owner %s)", v, v, owner))
+		}
+	}
+}
+
+// ResolveReplicas sets --stream-replicas when it is 0 (auto): the number
+// of NATS servers the connection knows (the URLs given and the ones the
+// cluster advertised), at most 3. It returns the value and why.
+func (c *Config) ResolveReplicas(servers int) (int, string) {
+	if c.StreamReplicas > 0 {
+		return c.StreamReplicas, "--stream-replicas"
+	}
+	c.StreamReplicas = min(max(servers, 1), 3)
+	return c.StreamReplicas, fmt.Sprintf("--stream-replicas 0 (auto): %d NATS server(s) known, at most 3", servers)
 }

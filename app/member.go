@@ -182,6 +182,9 @@ func (r *slotRun) exited() bool {
 
 // runMember is Run for --partition-owner dynamic.
 func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
+	for _, d := range cfg.Defaulted {
+		log.Info("flag not given; the layout implies it", "set", d)
+	}
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
@@ -222,6 +225,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		return err
 	}
 	m.nc = conn.nc
+	m.cfg.StreamReplicas = conn.cfg.StreamReplicas // --stream-replicas 0 resolved: the cores inherit it
 	defer func() {
 		_ = conn.nc.Drain()
 		select {

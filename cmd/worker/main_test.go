@@ -62,7 +62,7 @@ func TestBadFlagsExit2WithUsage(t *testing.T) {
 		{"stray argument", []string{"serve"}, nil},
 		{"tls half", []string{"--nats-url", "nats://x:1", "--nats-tls-cert", "c.pem"}, nil},
 		{"dynamic without nats url", []string{"--partition-owner", "dynamic", "--changelog", "jetstream"}, nil},
-		{"dynamic without changelog", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1"}, nil},
+		{"dynamic with the changelog off", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "off"}, nil},
 		{"dynamic zero slots", []string{"--partition-owner", "dynamic/0", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
 		{"dynamic slots malformed", []string{"--partition-owner", "dynamic4", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
 		{"dynamic more slots than partitions", []string{"--partitions", "2", "--partition-owner", "dynamic/3", "--nats-url", "nats://x:1", "--changelog", "jetstream"}, nil},
