@@ -38,7 +38,7 @@ func registerMember(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Member.ID, "member-id", "", "with --partition-owner dynamic: this process's name in the group, unique and stable (default: the hostname)")
 	fs.IntVar(&c.Member.Standbys, "standbys", 1, "with --partition-owner dynamic: warm standbys of each slot, each on another member, tailing its changelog so it takes over in seconds")
 	fs.DurationVar(&c.Member.TTL, "member-ttl", 6*time.Second, "with --partition-owner dynamic: a member that has not renewed its record for this long is gone and its slots move")
-	fs.StringVar(&c.Member.AdvertiseURL, "advertise-url", "", "with --partition-owner dynamic: the base URL other members forward reads to (default http://<hostname>:<port of --http-addr>)")
+	fs.StringVar(&c.Member.AdvertiseURL, "advertise-url", "", "with --partition-owner dynamic: the base URL other members forward reads to (default http://<host of --http-addr>:<port>, or the hostname when --http-addr listens on every address)")
 	fs.DurationVar(&c.Member.ForwardWait, "forward-wait", 10*time.Second, "with --partition-owner dynamic: how long a read waits for its slot's owner during a move or a failover before it is answered 503")
 	fs.Uint64Var(&c.Member.MaxLag, "standby-max-lag", 64, "with --partition-owner dynamic: a standby within this many changelog write-sets of its owner has caught up, so a slot may move to it")
 }
@@ -106,11 +106,16 @@ func (c *Config) validateDynamic() []error {
 		bad("--api-addr is not supported with --partition-owner dynamic: the read API is on --http-addr")
 	}
 	if c.Member.AdvertiseURL == "" {
-		_, port, err := net.SplitHostPort(c.HTTPAddr)
+		host, port, err := net.SplitHostPort(c.HTTPAddr)
 		if err != nil {
 			bad("--http-addr %q: %v", c.HTTPAddr, err)
 		}
-		c.Member.AdvertiseURL = "http://" + net.JoinHostPort(c.Hostname, port)
+		// A specific address the HTTP listens on is where the others can
+		// reach it (127.0.0.1 on one machine); the hostname otherwise.
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			host = c.Hostname
+		}
+		c.Member.AdvertiseURL = "http://" + net.JoinHostPort(host, port)
 	} else if !strings.HasPrefix(c.Member.AdvertiseURL, "http://") && !strings.HasPrefix(c.Member.AdvertiseURL, "https://") {
 		bad("--advertise-url %q: want http://host:port or https://host:port", c.Member.AdvertiseURL)
 	}
