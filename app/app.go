@@ -236,21 +236,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		log.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
 	}
 	a.tracer = tp
-	for _, d := range cfg.Defaulted {
-		log.Info("flag not given; the layout implies it", "set", d)
-	}
 	auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	a.auth = auth
-	switch auth.Mode() {
-	case api.AuthOff:
-		log.Error("the read API is OPEN to everyone who reaches it (--auth off): every tenant's data, no token asked")
-	case api.AuthLoopback:
-		log.Warn("the read API has no tokens (--auth-tokens-file): it answers loopback clients only, without a token")
-	case api.AuthTokens:
-		log.Info("the read API asks for bearer tokens", "file", cfg.AuthTokensFile)
+	if !cfg.slotCore { // a member says these once, not once per slot
+		logStartChoices(log, cfg, auth.Mode())
 	}
 
 	// HTTP first: /healthz answers while a long startup resume runs.
@@ -401,7 +393,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	defer func() { stopBG(); bg.Wait() }()
 
 	a.startupDone.Store(true)
-	log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions), "http", a.HTTPAddr())
+	if cfg.slotCore {
+		// The core's HTTP is the member's internal loopback port, not one
+		// to curl: the member's "joining" line names the member's.
+		log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions))
+	} else {
+		log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions), "http", a.HTTPAddr())
+	}
 	if opts.OnReady != nil {
 		opts.OnReady(a)
 	}
@@ -435,6 +433,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 			log.Error("drain outlasted --shutdown-grace; exiting with work in flight (it will be redelivered)", "grace", cfg.ShutdownGrace)
 			return nil
 		}
+	}
+}
+
+// logStartChoices says, once at start, what the flags left to defaults and
+// who the read API answers.
+func logStartChoices(log *slog.Logger, cfg Config, mode api.AuthMode) {
+	for _, d := range cfg.Defaulted {
+		log.Info("flag not given; the layout implies it", "set", d)
+	}
+	switch mode {
+	case api.AuthOff:
+		log.Error("the read API is OPEN to everyone who reaches it (--auth off): every tenant's data, no token asked")
+	case api.AuthLoopback:
+		log.Warn("the read API has no tokens (--auth-tokens-file): it answers loopback clients only, without a token")
+	case api.AuthTokens:
+		log.Info("the read API asks for bearer tokens", "file", cfg.AuthTokensFile)
 	}
 }
 

@@ -52,7 +52,11 @@ type Config struct {
 	ResultsMaxPerTenant, DLQMaxPerTenant int64
 	StreamReplicas                       int
 	// Defaulted lists what the layout filled in (layoutDefaults).
-	Defaulted     []string
+	Defaulted []string
+	// slotCore: this is a member's core of one slot (memberRun.coreConfig),
+	// not a process of its own: what the member logs once is not logged
+	// again per slot.
+	slotCore      bool
 	LeaseTTL      time.Duration
 	ShutdownGrace time.Duration
 	MinFreeDiskMB int

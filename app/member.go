@@ -182,9 +182,6 @@ func (r *slotRun) exited() bool {
 
 // runMember is Run for --partition-owner dynamic.
 func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
-	for _, d := range cfg.Defaulted {
-		log.Info("flag not given; the layout implies it", "set", d)
-	}
 	m := &memberRun{
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
@@ -204,6 +201,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	m.auth = auth
+	logStartChoices(m.log, m.cfg, auth.Mode())
 	m.proms = metrics.NewMemberRegistry(Build, metrics.MemberState{
 		Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
 		Moves: m.moves.Load, Fenced: m.fenced.Load,
@@ -252,7 +250,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			return nil
 		}
-		m.log.Warn("member: opening the membership buckets failed; retrying", "err", err, "in", delay)
+		startupRetry(m.log, m.started, "member: opening the membership buckets failed; retrying", "err", err, "in", delay)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -321,6 +319,23 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	}
 }
 
+// startupQuiet: retries this early in a member's start are INFO, not
+// WARN. Members starting together on a fresh cluster race to create the
+// same buckets and streams, and JetStream answers concurrent creates late
+// (nats-server#3677): a few retries are expected and say nothing is
+// wrong; past this they do.
+const startupQuiet = 30 * time.Second
+
+// startupRetry logs a failed start step that is retried: INFO within
+// startupQuiet of started, WARN after.
+func startupRetry(log *slog.Logger, started time.Time, msg string, args ...any) {
+	if time.Since(started) < startupQuiet {
+		log.Info(msg+" (members starting together race to create them; expected on a fresh cluster)", args...)
+		return
+	}
+	log.Warn(msg, args...)
+}
+
 // provisionShared creates, once and before any slot starts, what every
 // slot's core would otherwise create at the same moment: the checkpoint
 // bucket and the request, result and dead-letter streams. A JetStream
@@ -351,7 +366,7 @@ func (m *memberRun) provisionShared(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		m.log.Warn("member: creating the checkpoint bucket and the request streams failed; retrying", "err", err, "in", delay)
+		startupRetry(m.log, m.started, "member: creating the checkpoint bucket and the request streams failed; retrying", "err", err, "in", delay)
 		p := fmt.Sprintf("member: creating the checkpoint bucket and the request streams failed, retrying in %s: %v", delay, err)
 		m.phase.Store(&p)
 		select {
@@ -757,6 +772,7 @@ func (m *memberRun) coreConfig(s int) Config {
 	c.PartitionOwner = c.Owner.String()
 	c.DataDir = m.slotDir(s)
 	c.HTTPAddr, c.APIAddr = "127.0.0.1:0", ""
+	c.slotCore = true
 	c.OTLPEndpoint = ""
 	c.ShutdownGrace = max(m.cfg.ShutdownGrace/2, time.Second) // see run: the handoff has the other half
 	c.CacheMB = max(8, m.cfg.CacheMB/m.n)
