@@ -132,26 +132,7 @@ func validateWriteSet(ws []byte) (sized bool, err error) {
 	}
 	want := binary.LittleEndian.Uint32(ws[8:batchHeaderLen])
 	var count uint32 // records in the header's count: all but log data
-	for r := ws[batchHeaderLen:]; len(r) > 0; {
-		kind := pebble.InternalKeyKind(r[0])
-		r = r[1:]
-		key, rest, err := readStr(r)
-		if err != nil {
-			return false, fmt.Errorf("%w: record %d key: %w", ErrCorrupt, count, err)
-		}
-		r = rest
-		var value []byte
-		switch kind {
-		case pebble.InternalKeyKindSet, pebble.InternalKeyKindRangeDelete, pebble.InternalKeyKindDeleteSized:
-			value, rest, err = readStr(r)
-			if err != nil {
-				return false, fmt.Errorf("%w: record %d value: %w", ErrCorrupt, count, err)
-			}
-			r = rest
-		case pebble.InternalKeyKindDelete, pebble.InternalKeyKindSingleDelete, pebble.InternalKeyKindLogData:
-		default:
-			return false, fmt.Errorf("%w: record %d has kind %d, which a write-set may not carry", ErrCorrupt, count, kind)
-		}
+	err = eachRecord(ws, func(kind pebble.InternalKeyKind, key, value []byte) error {
 		if kind != pebble.InternalKeyKindLogData {
 			count++
 		}
@@ -161,11 +142,11 @@ func validateWriteSet(ws []byte) (sized bool, err error) {
 		case pebble.InternalKeyKindRangeDelete:
 			// [key, value) must not overlap [reservedStart, reservedEnd).
 			if bytes.Compare(key, reservedEnd) < 0 && bytes.Compare(value, reservedStart) > 0 {
-				return false, fmt.Errorf("%w: record %d range-deletes [%x, %x), which overlaps the reserved keyspace 0xF0", ErrCorrupt, count, key, value)
+				return fmt.Errorf("%w: record %d range-deletes [%x, %x), which overlaps the reserved keyspace 0xF0", ErrCorrupt, count, key, value)
 			}
 		default:
 			if bytes.HasPrefix(key, reservedStart) {
-				return false, fmt.Errorf("%w: record %d writes key %x in the reserved keyspace 0xF0", ErrCorrupt, count, key)
+				return fmt.Errorf("%w: record %d writes key %x in the reserved keyspace 0xF0", ErrCorrupt, count, key)
 			}
 		}
 		if kind == pebble.InternalKeyKindDeleteSized {
@@ -173,9 +154,13 @@ func validateWriteSet(ws []byte) (sized bool, err error) {
 			// Compactions decode this value; a bad one would fail them
 			// later, far from the write-set that carried it.
 			if _, k := binary.Uvarint(value); k != len(value) || k == 0 {
-				return false, fmt.Errorf("%w: record %d: delete-sized value %x is not one uvarint", ErrCorrupt, count, value)
+				return fmt.Errorf("%w: record %d: delete-sized value %x is not one uvarint", ErrCorrupt, count, value)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return false, err
 	}
 	if count != want {
 		return false, fmt.Errorf("%w: batch header counts %d records, body holds %d", ErrCorrupt, want, count)

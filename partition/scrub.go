@@ -78,17 +78,21 @@ func FindScrubMarker(ws []byte) ([]scrubmark.Range, bool, error) {
 	return out, found, nil
 }
 
-// eachRecord calls fn for every record of a valid write-set (the layout
-// ValidateWriteSet checks: log data has a key and no value).
+// eachRecord calls fn for every record of a write-set, in order, and
+// refuses (ErrCorrupt) a record it cannot read or of a kind a write-set may
+// not carry. Record layout (pebble batchrepr): kind byte, uvarint32 key
+// length, key, and for kinds with a value, uvarint32 value length, value;
+// log data has a key (its payload) and no value.
 func eachRecord(ws []byte, fn func(kind pebble.InternalKeyKind, key, value []byte) error) error {
 	if len(ws) < batchHeaderLen {
 		return fmt.Errorf("%w: batch of %d bytes is shorter than its header", ErrCorrupt, len(ws))
 	}
-	for r := ws[batchHeaderLen:]; len(r) > 0; {
+	n := 0
+	for r := ws[batchHeaderLen:]; len(r) > 0; n++ {
 		kind := pebble.InternalKeyKind(r[0])
 		key, rest, err := readStr(r[1:])
 		if err != nil {
-			return fmt.Errorf("%w: record key: %w", ErrCorrupt, err)
+			return fmt.Errorf("%w: record %d key: %w", ErrCorrupt, n, err)
 		}
 		r = rest
 		var value []byte
@@ -96,11 +100,11 @@ func eachRecord(ws []byte, fn func(kind pebble.InternalKeyKind, key, value []byt
 		case pebble.InternalKeyKindSet, pebble.InternalKeyKindRangeDelete, pebble.InternalKeyKindDeleteSized:
 			value, r, err = readStr(r)
 			if err != nil {
-				return fmt.Errorf("%w: record value: %w", ErrCorrupt, err)
+				return fmt.Errorf("%w: record %d value: %w", ErrCorrupt, n, err)
 			}
 		case pebble.InternalKeyKindDelete, pebble.InternalKeyKindSingleDelete, pebble.InternalKeyKindLogData:
 		default:
-			return fmt.Errorf("%w: record kind %d", ErrCorrupt, kind)
+			return fmt.Errorf("%w: record %d has kind %d, which a write-set may not carry", ErrCorrupt, n, kind)
 		}
 		if err := fn(kind, key, value); err != nil {
 			return err
