@@ -758,14 +758,16 @@ func (a *App) connect(ctx context.Context) error {
 }
 
 // resolveReplicas settles --stream-replicas 0 (auto) once connected: the
-// servers the connection knows then include those the cluster advertised
-// (bounded wait: a cluster that starts after the worker counts its URLs
-// given).
+// servers the connection knows then include those the cluster advertised.
+// The wait is short (a reachable server answers in milliseconds); a
+// server not reachable by then (starting after the worker, refusing its
+// credentials) leaves the URLs given to count, and the start goes on to
+// say why it cannot connect.
 func (a *App) resolveReplicas(ctx context.Context) {
 	if a.cfg.StreamReplicas > 0 {
 		return
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Second)
 	for !a.nc.IsConnected() && time.Now().Before(deadline) && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
