@@ -36,8 +36,14 @@ func TestShutdownReleasesWaitingReads(t *testing.T) {
 			answered <- -1
 			return
 		}
-		resp, err := http.DefaultClient.Do(req)
+		// A connection of its own: one kept alive from the readiness polls
+		// is idle on the server's side until it reads this request, and
+		// the shutdown closes idle connections (the read then gets EOF:
+		// the test's race, not the worker's).
+		cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := cl.Do(req)
 		if err != nil {
+			t.Logf("the read: %v", err)
 			answered <- -1
 			return
 		}
@@ -50,6 +56,11 @@ func TestShutdownReleasesWaitingReads(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the read was not sent")
 	}
+	// Written is not accepted: a connection still in the listener's
+	// backlog is reset when the shutdown closes the listener (the read
+	// then gets EOF: the test's race, not the worker's). Wait until its
+	// handler runs.
+	testnats.Eventually(t, 20*time.Second, "the read's handler runs", func() bool { return r.app.inflight.count() > 0 })
 	start := time.Now()
 	r.cancel()
 	r.cancel = nil
