@@ -817,6 +817,9 @@ func tlsConfig(c Config) (*tls.Config, error) {
 	return tc, nil
 }
 
+// slotProvisionMu serialises the provisioning of a member's slot cores.
+var slotProvisionMu sync.Mutex
+
 // provision creates the streams and consumer, retrying while NATS is
 // unreachable (an external cluster may start after the worker).
 func (a *App) provision(ctx context.Context) error {
@@ -825,7 +828,17 @@ func (a *App) provision(ctx context.Context) error {
 		var err error
 		if a.nc.IsConnected() {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if a.cfg.slotCore {
+				// A member's cores provision one at a time: the streams
+				// are shared, and nats-server v2.15 races (go test -race,
+				// embedded) between a stream's config update and a
+				// consumer's creation on it.
+				slotProvisionMu.Lock()
+			}
 			err = a.worker.Provision(pctx)
+			if a.cfg.slotCore {
+				slotProvisionMu.Unlock()
+			}
 			cancel()
 			if err == nil {
 				return nil
