@@ -105,7 +105,7 @@ type Store struct {
 	durableTimeout time.Duration
 	copies         CopyScrubber
 	appended       atomic.Uint64 // the changelog sequence of the last Append (on the writer)
-	db             *pebble.DB // OpenStore's Pebble (checkpoints); nil for OpenEngine
+	db             *pebble.DB    // OpenStore's Pebble (checkpoints); nil for OpenEngine
 
 	failures    atomic.Int64 // consecutive failed durable commits
 	lastFailure atomic.Pointer[string]
