@@ -46,7 +46,7 @@ func MarkApplied(b *pebble.Batch, seq uint64) error {
 // touch of the reserved keyspace), and a seq not above db's applied sequence
 // (replaying an old write-set would move the store back in time).
 func ApplyTo(db *pebble.DB, seq uint64, writeSet []byte, sync bool) error {
-	sized, err := validateWriteSet(writeSet)
+	sized, logData, err := checkWriteSet(writeSet)
 	if err != nil {
 		return fmt.Errorf("partition: write-set at %d: %w", seq, err)
 	}
@@ -75,8 +75,10 @@ func ApplyTo(db *pebble.DB, seq uint64, writeSet []byte, sync bool) error {
 	if err := MarkApplied(b, seq); err != nil {
 		return err
 	}
-	if err := markPendingScrub(b, seq, writeSet); err != nil {
-		return err
+	if logData {
+		if err := markPendingScrub(b, seq, writeSet); err != nil {
+			return err
+		}
 	}
 	opts := pebble.NoSync
 	if sync {
@@ -120,21 +122,25 @@ const batchHeaderLen = 12
 // Record layout (pebble batchrepr): kind byte, uvarint32 key length, key,
 // and for kinds with a value, uvarint32 value length, value.
 func ValidateWriteSet(ws []byte) error {
-	_, err := validateWriteSet(ws)
+	_, _, err := checkWriteSet(ws)
 	return err
 }
 
-// validateWriteSet is ValidateWriteSet, also reporting whether ws holds a
-// sized delete (which needs a newer Pebble format to apply).
-func validateWriteSet(ws []byte) (sized bool, err error) {
+// checkWriteSet is ValidateWriteSet, also reporting whether ws holds a
+// sized delete (which needs a newer Pebble format to apply) and whether it
+// holds log data (only then can it carry an erase marker, which ApplyTo
+// then looks for).
+func checkWriteSet(ws []byte) (sized, logData bool, err error) {
 	if len(ws) < batchHeaderLen {
-		return false, fmt.Errorf("%w: batch of %d bytes is shorter than its header", ErrCorrupt, len(ws))
+		return false, false, fmt.Errorf("%w: batch of %d bytes is shorter than its header", ErrCorrupt, len(ws))
 	}
 	want := binary.LittleEndian.Uint32(ws[8:batchHeaderLen])
 	var count uint32 // records in the header's count: all but log data
 	err = eachRecord(ws, func(kind pebble.InternalKeyKind, key, value []byte) error {
 		if kind != pebble.InternalKeyKindLogData {
 			count++
+		} else {
+			logData = true
 		}
 		switch kind {
 		case pebble.InternalKeyKindLogData:
@@ -160,12 +166,12 @@ func validateWriteSet(ws []byte) (sized bool, err error) {
 		return nil
 	})
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if count != want {
-		return false, fmt.Errorf("%w: batch header counts %d records, body holds %d", ErrCorrupt, want, count)
+		return false, false, fmt.Errorf("%w: batch header counts %d records, body holds %d", ErrCorrupt, want, count)
 	}
-	return sized, nil
+	return sized, logData, nil
 }
 
 // readStr reads a uvarint32 length and that many bytes.

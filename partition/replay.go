@@ -127,13 +127,18 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-idle.C:
-			if err := c.checkNotOvertaken(ctx, next); err != nil {
-				return err
+			// Idle only if nothing waits: the timer may have fired while
+			// fn ran (a long compaction), with a delivery ready behind it.
+			select {
+			case d = <-deliveries:
+			default:
+				if err := c.checkNotOvertaken(ctx, next); err != nil {
+					return err
+				}
+				idle.Reset(c.cfg.IdleCheck)
+				continue
 			}
-			idle.Reset(c.cfg.IdleCheck)
-			continue
 		}
-		idle.Reset(c.cfg.IdleCheck)
 		msg, err := d.msg, d.err
 		if err != nil {
 			if ctx.Err() != nil {
@@ -159,6 +164,14 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 				return err
 			}
 		}
+		// The reader is idle from now, not from the delivery's arrival.
+		if !idle.Stop() {
+			select {
+			case <-idle.C:
+			default:
+			}
+		}
+		idle.Reset(c.cfg.IdleCheck)
 		if end != 0 && seq >= end {
 			return nil
 		}
