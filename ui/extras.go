@@ -175,9 +175,27 @@ const ResultsPageSize = 50
 type recentData struct {
 	Tenant, Status string
 	Rows           []client.StoredResult
-	Next           string
-	First          bool
-	Error          string
+	Next           string // the older page's link: older results exist
+	// Search: the status filter's bounded scan stopped before finding one
+	// more result; the link searches on from where it stopped.
+	Search string
+	First  bool
+	Error  string
+}
+
+// pageCut decides what a page read with limit+1 shows (a list of n rows,
+// newest first, whose row i has stream sequence seq(i), and the client's
+// Next): its first show rows; older, when the page read one more row
+// than it shows, is the cursor (Before) of the older page, which then
+// holds at least that row; search, when the page read no row more but
+// the client stopped a filtered scan at its bound (Next), is the cursor
+// to search on from. "Older" is offered only when there is an older row:
+// never for a page that is exactly full.
+func pageCut(n, limit int, next uint64, seq func(i int) uint64) (show int, older, search uint64) {
+	if n > limit {
+		return limit, seq(limit - 1), 0
+	}
+	return n, 0, next
 }
 
 // recent lists the newest results of the principal's tenants.
@@ -186,7 +204,7 @@ func (s *server) recent(ctx context.Context, p api.Principal, q url.Values) *rec
 	if s.o.Results == nil {
 		return nil
 	}
-	f := client.ResultFilter{Tenant: d.Tenant, Status: d.Status, Limit: ResultsPageSize}
+	f := client.ResultFilter{Tenant: d.Tenant, Status: d.Status, Limit: ResultsPageSize + 1} // one more: is there an older one?
 	if !p.All {
 		f.Tenants = p.Tenants
 	}
@@ -208,16 +226,23 @@ func (s *server) recent(ctx context.Context, p api.Principal, q url.Values) *rec
 		d.Error = "the results stream could not be read: " + err.Error()
 		return d
 	}
-	d.Rows = res.Results
-	if res.Next != 0 {
-		v := url.Values{"before": {strconv.FormatUint(res.Next, 10)}}
+	show, older, search := pageCut(len(res.Results), ResultsPageSize, res.Next, func(i int) uint64 { return res.Results[i].Seq })
+	d.Rows = res.Results[:show]
+	link := func(before uint64) string {
+		v := url.Values{"before": {strconv.FormatUint(before, 10)}}
 		if d.Tenant != "" {
 			v.Set("tenant", d.Tenant)
 		}
 		if d.Status != "" {
 			v.Set("status", d.Status)
 		}
-		d.Next = "/ui/requests?" + v.Encode()
+		return "/ui/requests?" + v.Encode()
+	}
+	if older != 0 {
+		d.Next = link(older)
+	}
+	if search != 0 {
+		d.Search = link(search)
 	}
 	return d
 }

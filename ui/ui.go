@@ -422,8 +422,11 @@ type dlqData struct {
 	Letters        []letterRow
 	Total          uint64
 	Operate        bool
-	Next           string // the next (older) page's link
-	First          bool   // the first page (no cursor)
+	Next           string // the next (older) page's link: older letters exist
+	// Search: the reason filter's bounded scan stopped before finding
+	// one more letter; the link searches on from where it stopped.
+	Search string
+	First  bool // the first page (no cursor)
 }
 
 func (s *server) dlq(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
@@ -431,7 +434,7 @@ func (s *server) dlq(w http.ResponseWriter, r *http.Request, p api.Principal, pg
 	q := r.URL.Query()
 	d := dlqData{Tenant: q.Get("tenant"), Reason: q.Get("reason"), Operate: p.Operates(), First: q.Get("before") == ""}
 	if s.o.DeadLetters != nil {
-		f := client.DeadLetterFilter{Tenant: d.Tenant, Reason: d.Reason, Limit: DLQPageSize, Full: true}
+		f := client.DeadLetterFilter{Tenant: d.Tenant, Reason: d.Reason, Limit: DLQPageSize + 1, Full: true} // one more: is there an older one?
 		if b := q.Get("before"); b != "" {
 			n, err := strconv.ParseUint(b, 10, 64)
 			if err != nil || n == 0 {
@@ -448,18 +451,25 @@ func (s *server) dlq(w http.ResponseWriter, r *http.Request, p api.Principal, pg
 				pg.Error = "the dead-letter stream could not be read: " + err.Error()
 			}
 			d.Total = res.Total
-			for _, l := range res.Letters {
+			show, older, search := pageCut(len(res.Letters), DLQPageSize, res.Next, func(i int) uint64 { return res.Letters[i].Seq })
+			for _, l := range res.Letters[:show] {
 				d.Letters = append(d.Letters, showLetter(l))
 			}
-			if res.Next != 0 {
-				v := url.Values{"before": {strconv.FormatUint(res.Next, 10)}}
+			link := func(before uint64) string {
+				v := url.Values{"before": {strconv.FormatUint(before, 10)}}
 				if d.Tenant != "" {
 					v.Set("tenant", d.Tenant)
 				}
 				if d.Reason != "" {
 					v.Set("reason", d.Reason)
 				}
-				d.Next = "/ui/dlq?" + v.Encode()
+				return "/ui/dlq?" + v.Encode()
+			}
+			if older != 0 {
+				d.Next = link(older)
+			}
+			if search != 0 {
+				d.Search = link(search)
 			}
 		}
 	}
