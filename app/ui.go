@@ -118,9 +118,9 @@ func (a *App) uiHandler() http.Handler {
 				}
 			}
 			if free, err := a.store.DiskFree(); err == nil {
-				o.DiskFree = fmt.Sprintf("%.1f GB", float64(free)/1e9)
+				o.DiskFree = ui.Bytes(free)
 			}
-			o.StoreSize = fmt.Sprintf("%.1f MB", float64(a.store.Engine().DiskUsage())/1e6)
+			o.StoreSize = ui.Bytes(a.store.Engine().DiskUsage())
 			return o
 		},
 	})

@@ -57,6 +57,32 @@ func Num(v any) string {
 	}
 }
 
+// Bytes formats a size for people, in decimal units (1 KB = 1,000 B, as
+// df -H and the metrics' bytes): "0 B", "999 B", "38.4 KB", "1.23 MB",
+// "512 GB"; three significant digits from KB up.
+func Bytes(n uint64) string {
+	if n < 1000 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	units := []string{"KB", "MB", "GB", "TB", "PB", "EB"}
+	v, u := float64(n)/1000, 0
+	for {
+		// The precision the value shows; a value that rounds up to 1000
+		// is the next unit's 1.00.
+		prec := 0
+		switch {
+		case v < 9.995:
+			prec = 2
+		case v < 99.95:
+			prec = 1
+		}
+		if s := strconv.FormatFloat(v, 'f', prec, 64); v < 999.5 || u == len(units)-1 {
+			return s + " " + units[u]
+		}
+		v, u = v/1000, u+1
+	}
+}
+
 // group puts a comma every three digits of an integer's decimal form.
 func group(s string) string {
 	sign := ""

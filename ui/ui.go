@@ -118,6 +118,9 @@ type Options struct {
 	Results Results
 	// Finished lists the recently finished journals, newest first.
 	Finished func() []FinishedJournal
+	// Progress is the journals' progress sampled by the worker (nil: the
+	// page samples it at each view), for their rate and ETA.
+	Progress *Progress
 	Logger   *slog.Logger
 }
 
@@ -134,6 +137,9 @@ type server struct {
 func Handler(o Options) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Progress == nil {
+		o.Progress = NewProgress()
 	}
 	s := &server{o: o, secret: make([]byte, 32), sessions: newSessions(),
 		lookups: api.Handler(o.Store, api.Options{ReadAPI: true, Journals: o.Journals, Logger: o.Logger})}
@@ -325,8 +331,13 @@ const OverviewRefresh = 5
 type journalRow struct {
 	api.Journal
 	Percent float64
-	Rate    float64
-	ETA     string
+	// Rate is the edges a second observed over the last ProgressWindow
+	// (RateText as shown: "estimating" until there is enough progress
+	// observed); ETA the time left at that rate ("-" when it cannot be
+	// told).
+	Rate     float64
+	RateText string
+	ETA      string
 	// Attempts counts the attempt in progress: an applying journal is on
 	// attempt Failures+1.
 	Attempts int
@@ -344,11 +355,13 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 	var d journalsData
 	rows := []journalRow(nil)
 	if s.o.Journals != nil {
-		for _, j := range s.o.Journals() {
+		all := s.o.Journals()
+		s.o.Progress.Observe(time.Now(), all)
+		for _, j := range all {
 			if !p.Sees(j.Tenant) {
 				continue
 			}
-			row := journalRow{Journal: j, ETA: "-", Attempts: j.Failures, StateText: j.State}
+			row := journalRow{Journal: j, RateText: "-", ETA: "-", Attempts: j.Failures, StateText: j.State}
 			switch j.State {
 			case "applying":
 				row.Attempts = j.Failures + 1
@@ -364,13 +377,7 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 			if j.EdgesTotal > 0 {
 				row.Percent = math.Round(1000*float64(j.EdgesDone)/float64(j.EdgesTotal)) / 10
 			}
-			if j.AgeSeconds > 0 {
-				row.Rate = float64(j.EdgesDone) / j.AgeSeconds
-			}
-			if row.Rate > 0 && j.EdgesTotal > 0 {
-				left := float64(int64(j.EdgesTotal)-j.EdgesDone) / row.Rate
-				row.ETA = (time.Duration(left * float64(time.Second))).Round(time.Second).String()
-			}
+			row.Rate, row.RateText, row.ETA = estimate(s.o.Progress, j)
 			rows = append(rows, row)
 		}
 	}
