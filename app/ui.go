@@ -27,12 +27,12 @@ import (
 func (a *App) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
-	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}}
+	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}, progress: ui.NewProgress()}
 	smp.rates.add(started, map[string]float64{}) // every counter starts at 0
 	go smp.run(a.httpCtx, a)
 	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
-	return ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
-		DeadLetters: dlq, Pause: a.worker,
+	h := ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
+		DeadLetters: dlq, Pause: a.worker, Progress: smp.progress,
 		Results: client.ResultStream{JS: a.worker.JetStream(), Stream: qc.ResStream, Prefix: qc.Prefix},
 		Finished: func() []ui.FinishedJournal {
 			smp.history.observe(a, time.Now()) // what finished since the last tick, too
@@ -124,6 +124,31 @@ func (a *App) uiHandler() http.Handler {
 			return o
 		},
 	})
+	return &uiPage{Handler: h, sampler: smp}
+}
+
+// uiPage is the status page with its sampler (a.uiH holds it), which the
+// reaper's hook reaches through uiJournalFinished.
+type uiPage struct {
+	http.Handler
+	sampler *uiSampler
+}
+
+// uiJournalFinished records a journal in the status page's recently
+// finished list at its finish: the reaper's Hooks.Finished calls it
+// (app.go, reaperHooks) after every attempt at a journal, err nil when
+// the journal is removed and its receipt rc stored. A journal that starts
+// and finishes between two of the sampler's looks (a second apart) is
+// listed too (issue 30: the demo's 20,001-edge journal took 0.10 s). A
+// finish before the page is up is not recorded.
+func (a *App) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err error) {
+	p := a.uiH.Load()
+	if p == nil {
+		return
+	}
+	if page, ok := (*p).(*uiPage); ok && e != nil {
+		page.sampler.history.finished(e, rc, err, time.Now())
+	}
 }
 
 // requestCounts is telha_requests_total summed by status.
@@ -156,8 +181,9 @@ func roundUptime(d time.Duration) string {
 // anyone is looking: the request counts (rates over the last minute) and
 // the journals (the recently finished ones).
 type uiSampler struct {
-	rates   *rateWindow
-	history *journalHistory
+	rates    *rateWindow
+	history  *journalHistory
+	progress *ui.Progress // the journals' progress, for their rate and ETA
 }
 
 // rateEvery is the rate ring's sampling period.
@@ -172,7 +198,7 @@ func (s *uiSampler) run(ctx context.Context, a *App) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.history.observe(a, now)
+			s.progress.Observe(now, s.history.observe(a, now))
 			if now.Sub(last) >= rateEvery-100*time.Millisecond {
 				if counts, err := a.requestCounts(); err == nil {
 					s.rates.add(now, counts)
@@ -272,13 +298,23 @@ func (w *rateWindow) base(now time.Time) (map[string]float64, time.Time) {
 }
 
 // journalHistory keeps the journals seen finishing, the newest
-// finishedKept, in memory: a journal in the list at one look and gone at
-// the next has finished (its receipt says how; none: abandoned or poison
-// removed).
+// finishedKept, in memory. A journal is recorded at its finish by the
+// reaper's hook (finished), with its receipt; the sampler's looks (every
+// second, and at each view of the page) catch the rest: a journal in the
+// list at one look and gone at the next has finished (its receipt says
+// how; none: abandoned or poison removed). Each is recorded once.
 type journalHistory struct {
-	mu       sync.Mutex
-	live     map[string]seenJournal
-	finished []ui.FinishedJournal // oldest first
+	mu   sync.Mutex
+	live map[string]seenJournal
+	done []finishedJournal // oldest first
+	// failed counts the failed attempts the hook saw of journals in
+	// flight (at most finishedKept*10 of them).
+	failed map[string]int
+}
+
+type finishedJournal struct {
+	key string // ui.JournalKey
+	f   ui.FinishedJournal
 }
 
 // finishedKept is how many finished journals the history keeps.
@@ -289,12 +325,66 @@ type seenJournal struct {
 	started time.Time
 }
 
-func journalKey(j api.Journal) string {
-	return j.Tenant + "\x00" + j.NodeID + "\x00" + j.RequestID + "\x00" + j.Key
+// entryJournal is the journal of a registry entry as a.journals lists it
+// (its key is the same).
+func entryJournal(e *storage.JournalEntry) api.Journal {
+	tx := e.J.Tx.Time().Format(storage.TimeLayout)
+	return api.Journal{Tenant: e.Scope.Tenant(), NodeID: e.J.NodeID.String(), RequestID: e.J.Prov.RequestID, TxTime: &tx}
 }
 
-// observe compares the journals now with the last look.
-func (h *journalHistory) observe(a *App, now time.Time) {
+// recorded reports whether the journal of key is in the list (under mu).
+func (h *journalHistory) recorded(key string) bool {
+	for i := len(h.done) - 1; i >= 0; i-- {
+		if h.done[i].key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// add records a finished journal, keeping the newest finishedKept (under
+// mu).
+func (h *journalHistory) add(key string, f ui.FinishedJournal) {
+	h.done = append(h.done, finishedJournal{key: key, f: f})
+	if n := len(h.done); n > finishedKept {
+		h.done = append([]finishedJournal(nil), h.done[n-finishedKept:]...)
+	}
+}
+
+// finished records journal e at the end of an attempt at it (the reaper's
+// Hooks.Finished): err nil, it is done (removed, its receipt rc stored);
+// else the attempt failed and the journal stays in flight.
+func (h *journalHistory) finished(e *storage.JournalEntry, rc storage.Receipt, err error, now time.Time) {
+	j := entryJournal(e)
+	key := ui.JournalKey(j)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		if h.failed == nil || len(h.failed) >= finishedKept*10 {
+			h.failed = map[string]int{}
+		}
+		h.failed[key]++
+		return
+	}
+	attempts := h.failed[key] + 1
+	delete(h.failed, key)
+	if s, ok := h.live[key]; ok {
+		attempts = max(attempts, s.j.Failures+1)
+		delete(h.live, key) // the next look does not record it again
+	}
+	if h.recorded(key) {
+		return // a look saw it gone first, and found its receipt
+	}
+	f := ui.FinishedJournal{Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID, Finished: now,
+		Took: max(now.Sub(e.J.CreatedAt.Time()), 0), Attempts: attempts, Outcome: rc.Status.String(), EdgesTombstoned: rc.EdgesTombstoned}
+	if e.J.Quiet {
+		f.Outcome = "done (an erase's cascade: the erase answers)" // it stores no receipt
+	}
+	h.add(key, f)
+}
+
+// observe compares the journals now with the last look, and returns them.
+func (h *journalHistory) observe(a *App, now time.Time) []api.Journal {
 	// The list is read under the lock: two observers (the sampler and a
 	// page) comparing lists read out of order would report a journal that
 	// started between their reads as finished.
@@ -306,7 +396,7 @@ func (h *journalHistory) observe(a *App, now time.Time) {
 	}
 	next := make(map[string]seenJournal, len(cur))
 	for _, j := range cur {
-		k := journalKey(j)
+		k := ui.JournalKey(j)
 		s, ok := h.live[k]
 		if !ok {
 			s.started = now.Add(-time.Duration(j.AgeSeconds * float64(time.Second)))
@@ -315,7 +405,7 @@ func (h *journalHistory) observe(a *App, now time.Time) {
 		next[k] = s
 	}
 	for k, s := range h.live {
-		if _, ok := next[k]; ok {
+		if _, ok := next[k]; ok || h.recorded(k) {
 			continue
 		}
 		f := ui.FinishedJournal{Tenant: s.j.Tenant, NodeID: s.j.NodeID, RequestID: s.j.RequestID, Finished: now, Took: now.Sub(s.started),
@@ -328,21 +418,19 @@ func (h *journalHistory) observe(a *App, now time.Time) {
 		if s.j.State == "poison" {
 			f.Outcome = "poison, removed"
 		}
-		h.finished = append(h.finished, f)
-	}
-	if n := len(h.finished); n > finishedKept {
-		h.finished = append([]ui.FinishedJournal(nil), h.finished[n-finishedKept:]...)
+		h.add(k, f)
 	}
 	h.live = next
+	return cur
 }
 
 // list returns the finished journals, newest first.
 func (h *journalHistory) list() []ui.FinishedJournal {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]ui.FinishedJournal, 0, len(h.finished))
-	for i := len(h.finished) - 1; i >= 0; i-- {
-		out = append(out, h.finished[i])
+	out := make([]ui.FinishedJournal, 0, len(h.done))
+	for i := len(h.done) - 1; i >= 0; i-- {
+		out = append(out, h.done[i].f)
 	}
 	return out
 }

@@ -1,8 +1,15 @@
 package app
 
 import (
+	"errors"
+	"regexp"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/storage"
+	"github.com/telha/telha-cascade/ui"
 )
 
 // TestOverviewRatesOverTheLastMinute (issue 23 item 7): the overview's
@@ -32,4 +39,125 @@ func TestOverviewRatesOverTheLastMinute(t *testing.T) {
 	if want := at(9 * time.Minute); base["ok"] != 540 || !when.Equal(want) {
 		t.Fatalf("after 10 min: base %v at %s, want 540 at %s (the newest sample a minute old)", base, when, want)
 	}
+}
+
+// TestJournalHistoryRecordsAtFinish (issue 30): the reaper's hook records
+// a journal at its finish, with its receipt and its attempts (the failed
+// ones it saw, or the failures a look saw), whether or not a look of the
+// sampler ever saw it; a journal the hook and a look both see finish is
+// listed once, whichever comes first.
+func TestJournalHistoryRecordsAtFinish(t *testing.T) {
+	a := &App{} // no reaper: every look lists no journal
+	var h journalHistory
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	entry := func() *storage.JournalEntry {
+		return &storage.JournalEntry{Scope: storage.MustScope("acme"),
+			J: storage.Journal{NodeID: uuid.New(), Tx: storage.TsFromTime(t0), CreatedAt: storage.TsFromTime(t0)}}
+	}
+	ok := storage.Receipt{Status: storage.StatusOK, EdgesTombstoned: 20_001, Journaled: true}
+
+	// Between two looks: never seen in flight, recorded by the hook.
+	e1 := entry()
+	h.observe(a, t0)
+	h.finished(e1, ok, nil, t0.Add(100*time.Millisecond))
+	h.observe(a, t0.Add(time.Second))
+	l := h.list()
+	if len(l) != 1 || l[0].NodeID != e1.J.NodeID.String() || l[0].Outcome != "ok" || l[0].EdgesTombstoned != 20_001 ||
+		l[0].Took != 100*time.Millisecond || l[0].Attempts != 1 {
+		t.Fatalf("a journal finished between two looks: %+v", l)
+	}
+
+	// Two failed attempts, then done: 3 attempts.
+	e2 := entry()
+	h.finished(e2, storage.Receipt{}, errors.New("boom"), t0.Add(2*time.Second))
+	h.finished(e2, storage.Receipt{}, errors.New("boom"), t0.Add(3*time.Second))
+	h.finished(e2, ok, nil, t0.Add(4*time.Second))
+	if l := h.list(); len(l) != 2 || l[0].NodeID != e2.J.NodeID.String() || l[0].Attempts != 3 {
+		t.Fatalf("after two failed attempts: %+v", l)
+	}
+
+	// Seen in flight by a look, then finished: the hook records it, the
+	// next look does not again.
+	e3 := entry()
+	j3 := entryJournal(e3)
+	j3.Failures = 1
+	h.mu.Lock()
+	h.live = map[string]seenJournal{ui.JournalKey(j3): {j: j3, started: t0}}
+	h.mu.Unlock()
+	h.finished(e3, ok, nil, t0.Add(5*time.Second))
+	h.observe(a, t0.Add(6*time.Second))
+	if l := h.list(); len(l) != 3 || l[0].NodeID != e3.J.NodeID.String() || l[0].Attempts != 2 {
+		t.Fatalf("seen, then finished: %+v", l)
+	}
+
+	// Seen, gone at the next look (recorded there), then the hook: once.
+	e4 := entry()
+	j4 := entryJournal(e4)
+	h.mu.Lock()
+	h.live = map[string]seenJournal{ui.JournalKey(j4): {j: j4, started: t0}}
+	h.mu.Unlock()
+	h.observe(a, t0.Add(7*time.Second))
+	h.finished(e4, ok, nil, t0.Add(7*time.Second+time.Millisecond))
+	if l := h.list(); len(l) != 4 || l[0].NodeID != e4.J.NodeID.String() || l[1].NodeID != e3.J.NodeID.String() {
+		t.Fatalf("a look, then the hook: %d rows, want 4 (%+v)", len(l), l)
+	}
+
+	// Bounded: the newest finishedKept.
+	for i := 0; i < finishedKept+10; i++ {
+		h.finished(entry(), ok, nil, t0.Add(time.Minute))
+	}
+	if l := h.list(); len(l) != finishedKept {
+		t.Fatalf("%d kept, want %d", len(l), finishedKept)
+	}
+}
+
+// TestUIShortJournalIsListedFinished (issue 30): a journal that starts
+// and finishes between two of the sampler's looks (a second apart; this
+// one's 600 edges take milliseconds) is listed on /ui/journals, finished,
+// with its outcome and edges: the reaper's hook records it
+// (app.go's reaperHooks calls uiJournalFinished).
+func TestUIShortJournalIsListedFinished(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	hub := buildHub(t, dir, "acme", 600)
+	w := startWorker(t, ns, dir, Options{}, "--max-batch-ops", "100", "--journal-chunk-ops", "100")
+	bus := newBus(t, ns)
+	rid := bus.send("acme", tombNode(hub.String()))
+	res := mustOK(t, bus.wait(rid))
+	if !res.Journaled {
+		t.Fatalf("the hub's delete was not journaled: %+v", res)
+	}
+	row := regexp.MustCompile(`(?s)<tr class="finished" data-request="` + regexp.QuoteMeta(rid) + `">.*?<td class="outcome">([^<]*)</td><td class="num">([^<]*)</td><td>([^<]*)</td>`)
+	var m []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, body := httpGet(t, w.base+"/ui/journals")
+		if m = row.FindStringSubmatch(body); m != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if m == nil {
+		t.Fatal("a journal shorter than the sampling interval is not listed as finished on /ui/journals: " +
+			"is the reaper's Finished hook wired to a.uiJournalFinished (app.go, reaperHooks)?")
+	}
+	if m[1] != "ok" || m[2] != "600" {
+		t.Fatalf("the finished journal: outcome %q, %s edges tombstoned; want ok and 600", m[1], m[2])
+	}
+	t.Logf("listed finished, took %s", m[3])
+}
+
+// TestUIOverviewSizes (issue 32 item 7.2): the overview shows the store's
+// size and the disk's free space in B, KB, MB or GB: a new store is a
+// few KB, not "0.0 MB"; 512 MB free is not "0.5 GB".
+func TestUIOverviewSizes(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{DiskFree: func() (uint64, error) { return 512_000_000, nil }})
+	_, body := httpGet(t, w.base+"/ui/")
+	if m := regexp.MustCompile(`id="disk-free">([^<]*)<`).FindStringSubmatch(body); m == nil || m[1] != "512 MB" {
+		t.Fatalf("disk free %q, want 512 MB", m)
+	}
+	m := regexp.MustCompile(`id="store-size">Pebble ([^<]*)<`).FindStringSubmatch(body)
+	if m == nil || !regexp.MustCompile(`^(\d{1,3} B|(\d\.\d\d|\d\d\.\d|\d{3}) (KB|MB))$`).MatchString(m[1]) {
+		t.Fatalf("store size %q, want B, KB or MB with three significant digits", m)
+	}
+	t.Logf("a new store: %s", m[1])
 }
