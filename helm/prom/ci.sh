@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# The chart's alerts and dashboard against Prometheus itself, on recorded
+# and on live data (helm/ci.sh only parses them).
+#
+#   bash helm/prom/ci.sh       # from anywhere; KEEP=1 keeps the temp dir
+#
+# Needs the Go toolchain and Debian's prometheus package (Prometheus and
+# promtool; installed with apt-get when missing). Exits non-zero when a
+# check fails. Steps:
+#
+#  1. The chart's PrometheusRule, rendered with the chart's defaults
+#     (helm template, the Helm binary helm/ci.sh builds and caches) and
+#     turned into a plain rules file (helm/prom/promcheck rules):
+#     `promtool check rules`, then `promtool test rules` with
+#     helm/prom/rules_test.yaml, which makes every alert fire on recorded
+#     series (its labels and annotations checked in full) and stay quiet
+#     on healthy ones.
+#  2. Live, on loopback: one worker on its embedded NATS (namespace
+#     "single") and a cluster of three NATS servers and three members with
+#     --partition-owner dynamic/4 (namespace "cluster"), scraped every
+#     second by a real Prometheus that loads the chart's rules rendered
+#     for each namespace with helm/prom/live-values.yaml: the same
+#     expressions, with `for`, windows and thresholds shortened to seconds
+#     (so an induced condition fires, and a removed one resolves, within
+#     the run). Then:
+#       - after some load, every dashboard panel's query (Grafana's
+#         variables as "All", $__rate_interval as 1m) and every alert's
+#         expression is evaluated through /api/v1/query: each must
+#         evaluate, each of its selectors must match series (a wrong
+#         metric or label name fails), and each panel must show data
+#         (the members checkpoint every 5 s so that the checkpoint panel has
+#         data);
+#       - the alerts that can be induced on one machine fire (checked in
+#         /api/v1/alerts with their key labels, expanded annotations and
+#         runbook link) and resolve once the condition is removed:
+#           TelhaJournalStuck          a 9000-edge cascade journaled in
+#                                      chunks of 7 puts (single)
+#           TelhaDeadLettersIncreasing invalid requests (single, cluster)
+#           TelhaSlotWithoutOwner      a member killed with SIGKILL: its
+#                                      slots have no owner until the
+#                                      member TTL passes and a standby
+#                                      takes over
+#           TelhaOldestRequestWaiting  the consumer paused (enqueue pause)
+#           TelhaConsumerBacklogGrowing  with requests published meanwhile
+#           TelhaReaperNotSucceeding   the worker restarted with
+#                                      --reaper-schedule "@every 1h", then
+#                                      with the short schedule again
+#     The others are covered by promtool test rules only (step 1):
+#           TelhaStandbyLagging        a standby's lag is the owner's last
+#                                      reported sequence minus its own; it
+#                                      catches up within a heartbeat, and a
+#                                      stopped (SIGSTOP) standby is not
+#                                      scraped, so its lag series vanishes
+#                                      rather than grows
+#           TelhaDeadLetterFailures, TelhaDeadLetterResultFailures,
+#           TelhaResultsParked         need TELHA_DLQ or TELHA_RES to refuse
+#                                      publishes for a message's whole
+#                                      delivery budget (5 attempts with
+#                                      back-off): breaking JetStream under a
+#                                      running worker, not a condition a
+#                                      test on one machine sets up cleanly
+#           TelhaPoisonJournals        needs an undecodable or always
+#                                      failing journal in the store
+#           TelhaPebbleWriteStalls     needs Pebble to stall writes
+#                                      (compaction behind), which a small
+#                                      run does not reach reliably
+#           TelhaRedeliveriesHigh      needs over 100 requests redelivered
+#                                      and unacked
+#     (their expressions are still evaluated live, above).
+#
+# Ports (loopback only, PROM_PORT_BASE, default 25222): cluster NATS +0..2,
+# routes +2000..2002, members' HTTP +4000..4002; the single worker's NATS
+# +10, HTTP +4010; Prometheus +5000. They must be free. About 2-3 minutes
+# on 2 cores (the builds are cached after the first run).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+helm_dir="$(dirname "$here")"
+repo="$(dirname "$helm_dir")"
+cd "$helm_dir"
+
+start=$(date +%s)
+base=${PROM_PORT_BASE:-25222}
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+  local rc=$?
+  set +e
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  local deadline=$((SECONDS + 5)) p alive
+  while :; do # polling with a deadline: the members drain, then exit
+    alive=
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ -n "$alive" ] && [ $SECONDS -lt $deadline ] || break
+    sleep 0.2
+  done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  if [ "$rc" != 0 ]; then
+    for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "--- $f (tail)" >&2; tail -n 20 "$f" >&2; }; done
+  fi
+  if [ "${KEEP:-}" = 1 ]; then echo "prom/ci.sh: kept $tmp"; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+
+say() { echo "== prom/ci.sh: $*"; }
+fail() { echo "FAIL $*" >&2; exit 1; }
+
+# ---- Prometheus and promtool (Debian's package) ----
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  say "installing Debian's prometheus package (Prometheus and promtool)"
+  if [ "$(id -u)" = 0 ]; then apt_get=apt-get; else apt_get="sudo apt-get"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  # The package's service is never used (nor needed): this script runs its own.
+  $apt_get install -y prometheus >/dev/null 2>&1 || { $apt_get update >/dev/null && $apt_get install -y prometheus >/dev/null; }
+fi
+prometheus --version 2>&1 | head -n 1
+promtool --version 2>&1 | head -n 1
+
+# ---- Helm (as helm/ci.sh: built once from helm/go.mod, cached) ----
+key="$(cat go.mod go.sum <(go version) | sha256sum | cut -c1-16)"
+cache="${TELHA_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/telha-cascade/helm}"
+HELM_BIN="$cache/helm-$key"
+if [ ! -x "$HELM_BIN" ]; then
+  say "build helm (go tool, pinned in helm/go.mod) into $HELM_BIN"
+  mkdir -p "$cache"
+  go build -o "$HELM_BIN.tmp.$$" helm.sh/helm/v4/cmd/helm
+  mv "$HELM_BIN.tmp.$$" "$HELM_BIN"
+fi
+export HELM_CACHE_HOME="$tmp/helm/cache" HELM_CONFIG_HOME="$tmp/helm/config" HELM_DATA_HOME="$tmp/helm/data"
+
+say "build promcheck (helm/prom/promcheck)"
+go build -o "$tmp/promcheck" ./prom/promcheck
+pc="$tmp/promcheck"
+
+render_rules() { # render_rules NAMESPACE OUT [helm flags...]
+  local ns=$1 out=$2
+  shift 2
+  "$HELM_BIN" template telha ./telha-cascade --namespace "$ns" --show-only templates/prometheusrule.yaml "$@" |
+    "$pc" rules >"$out"
+}
+
+# ---- 1. recorded data: promtool ----
+say "rules, chart defaults: promtool check rules, promtool test rules (helm/prom/rules_test.yaml)"
+mkdir -p "$tmp/unit"
+render_rules graph "$tmp/unit/rules.yaml" --set prometheusRule.enabled=true
+cp "$here/rules_test.yaml" "$tmp/unit/rules_test.yaml"
+promtool check rules "$tmp/unit/rules.yaml"
+alerts_rendered=$(grep -c '^  - alert: ' "$tmp/unit/rules.yaml")
+for a in $(sed -n 's/^  - alert: //p' "$tmp/unit/rules.yaml"); do
+  grep -q "alertname: $a\$" "$here/rules_test.yaml" || fail "alert $a has no test in helm/prom/rules_test.yaml"
+done
+(cd "$tmp/unit" && promtool test rules rules_test.yaml)
+echo "ok   promtool test rules: all $alerts_rendered alerts fire on recorded series and stay quiet on healthy ones"
+
+# ---- 2. live data ----
+say "rules for the live run (helm/prom/live-values.yaml), namespaces single and cluster"
+for ns in single cluster; do
+  render_rules "$ns" "$tmp/rules-$ns.yaml" -f "$here/live-values.yaml"
+  promtool check rules "$tmp/rules-$ns.yaml" >/dev/null
+done
+echo "ok   promtool check rules: live rules for single and cluster"
+
+for port in $((base + 10)) $((base + 4010)) $((base + 5000)); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port is in use (set PROM_PORT_BASE)"; fi
+done
+for i in 0 1 2; do
+  for port in $((base + i)) $((base + 2000 + i)) $((base + 4000 + i)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then fail "port $port is in use (set PROM_PORT_BASE)"; fi
+  done
+done
+
+say "build the worker, enqueue and nats-server"
+(cd "$repo" && go build -o "$tmp/worker" ./cmd/worker && go build -o "$tmp/enqueue" ./cmd/enqueue &&
+  go build -o "$tmp/nats-server" github.com/nats-io/nats-server/v2)
+
+prom="http://127.0.0.1:$((base + 5000))"
+single_nats="nats://127.0.0.1:$((base + 10))"
+single_http="http://127.0.0.1:$((base + 4010))"
+member_http() { echo "http://127.0.0.1:$((base + 4000 + $1))"; }
+routes="nats-route://127.0.0.1:$((base + 2000)),nats-route://127.0.0.1:$((base + 2001)),nats-route://127.0.0.1:$((base + 2002))"
+urls="nats://127.0.0.1:$base,nats://127.0.0.1:$((base + 1)),nats://127.0.0.1:$((base + 2))"
+job=telha-telha-cascade # the chart's fullname for release telha: what its alert selector expects
+
+# The single worker: the reaper every 2 s (the live alert wants a success
+# within 10 s); small batches and chunks of 7 puts, so a hub's cascade is
+# journaled and takes seconds.
+single_pid=
+start_single() { # start_single REAPER_SCHEDULE
+  "$tmp/worker" --data-dir "$tmp/single" --nats-listen "127.0.0.1:$((base + 10))" --http-addr "127.0.0.1:$((base + 4010))" \
+    --max-batch-ops 100 --journal-chunk-ops 7 --reaper-schedule "$1" >>"$tmp/single.log" 2>&1 &
+  single_pid=$!
+  pids+=("$single_pid")
+}
+stop_single() {
+  kill -TERM "$single_pid"
+  local deadline=$((SECONDS + 60))
+  while kill -0 "$single_pid" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || fail "the single worker did not exit within 60s of SIGTERM"
+    sleep 0.1 # polling with a deadline
+  done
+}
+wait_http() { # wait_http WHAT URL SECONDS
+  local deadline=$((SECONDS + $3))
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "$2")" = 200 ]; do
+    [ $SECONDS -lt $deadline ] || fail "$1: $2 not 200 within $3s"
+    sleep 0.2 # polling with a deadline
+  done
+  echo "ok   $1"
+}
+
+say "start: one worker (embedded NATS), three NATS servers, three members"
+start_single "@every 2s"
+for i in 0 1 2; do
+  "$tmp/nats-server" -n "n$i" -a 127.0.0.1 -p $((base + i)) -js -sd "$tmp/nats$i" \
+    --cluster_name telha --cluster "nats://127.0.0.1:$((base + 2000 + i))" --routes "$routes" \
+    >"$tmp/nats$i.log" 2>&1 &
+  pids+=($!)
+done
+member_pid=()
+start_member() { # start_member I
+  "$tmp/worker" --nats-url "$urls" --partition-owner dynamic/4 --member-id "$job-$1" \
+    --http-addr "127.0.0.1:$((base + 4000 + $1))" --data-dir "$tmp/m$1" --reaper-schedule "@every 2s" --checkpoint-schedule "@every 5s" \
+    >>"$tmp/m$1.log" 2>&1 &
+  member_pid[$1]=$!
+  pids+=($!)
+}
+for i in 0 1 2; do start_member "$i"; done
+
+cat >"$tmp/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $tmp/rules-single.yaml
+  - $tmp/rules-cluster.yaml
+scrape_configs:
+  # One job, as the chart's ServiceMonitor makes it (job = the Service's
+  # name), with the namespace and pod labels it adds.
+  - job_name: $job
+    static_configs:
+      - targets: ['127.0.0.1:$((base + 4010))']
+        labels: {namespace: single, pod: $job-0}
+      - targets: ['127.0.0.1:$((base + 4000))']
+        labels: {namespace: cluster, pod: $job-0}
+      - targets: ['127.0.0.1:$((base + 4001))']
+        labels: {namespace: cluster, pod: $job-1}
+      - targets: ['127.0.0.1:$((base + 4002))']
+        labels: {namespace: cluster, pod: $job-2}
+EOF
+promtool check config "$tmp/prometheus.yml" >/dev/null
+prometheus --config.file "$tmp/prometheus.yml" --storage.tsdb.path "$tmp/prometheus" \
+  --web.listen-address "127.0.0.1:$((base + 5000))" --storage.tsdb.retention.time 1h \
+  >"$tmp/prometheus.log" 2>&1 &
+pids+=($!)
+
+wait_http "Prometheus is ready" "$prom/-/ready" 60
+wait_http "the single worker is ready" "$single_http/readyz" 120
+for i in 0 1 2; do wait_http "member $i is ready" "$(member_http "$i")/readyz" 120; done
+spread() { # each member owns a slot
+  local v
+  v=$(curl -s "$(member_http 0)/v1/partitions")
+  for i in 0 1 2; do echo "$v" | grep -q "\"owner\":\"$job-$i\"" || return 1; done
+}
+deadline=$((SECONDS + 120))
+until spread; do
+  [ $SECONDS -lt $deadline ] || fail "the four slots were not spread over the three members within 120s"
+  sleep 0.2 # polling with a deadline
+done
+echo "ok   the four slots are spread over the three members"
+"$pc" wait -url "$prom" -q "up{job=\"$job\"} == 1" -min 4 -timeout 60s -what "Prometheus scrapes the four targets"
+"$pc" wait -url "$prom" -q "telha_partition_standby_lag{namespace=\"cluster\"}" -min 4 -timeout 60s \
+  -what "every slot has a standby reporting its lag"
+"$pc" quiet -url "$prom" -timeout 90s
+alert() { "$pc" alert -url "$prom" "$@"; }
+
+# First, while the single worker has had no load: TelhaConsumerBacklogGrowing
+# reads deriv(pending[15m]), which a burst drained earlier in the window
+# (the load below) pulls down.
+say "induce: the single worker's consumer paused while requests arrive"
+"$tmp/enqueue" --nats-url "$single_nats" pause --replica 0 >/dev/null
+: >"$tmp/wait.jsonl"
+for n in $(seq 1 10); do
+  echo "{\"request_id\":\"held-$n\",\"op\":\"put_node\",\"tenant\":\"t$((n % 8))\",\"id\":\"$(cat /proc/sys/kernel/random/uuid)\"}" >>"$tmp/wait.jsonl"
+done
+"$tmp/enqueue" --nats-url "$single_nats" file "$tmp/wait.jsonl" >/dev/null
+alert -alert TelhaOldestRequestWaiting -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+alert -alert TelhaConsumerBacklogGrowing -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+"$tmp/enqueue" --nats-url "$single_nats" resume --replica 0 >/dev/null
+echo "ok   resumed the consumer"
+alert -alert TelhaOldestRequestWaiting -match namespace=single -want resolved -timeout 60s
+alert -alert TelhaConsumerBacklogGrowing -match namespace=single -want resolved -timeout 60s
+say "load: requests on both, a journaled cascade on the single worker, reads"
+reqs="$tmp/load.jsonl"
+: >"$reqs"
+for n in $(seq 1 80); do
+  id=$(cat /proc/sys/kernel/random/uuid)
+  echo "{\"request_id\":\"load-$n\",\"op\":\"put_node\",\"tenant\":\"t$((n % 8))\",\"id\":\"$id\"}" >>"$reqs"
+  [ $((n % 4)) = 0 ] && echo "{\"request_id\":\"load-$n-del\",\"op\":\"tombstone_node\",\"tenant\":\"t$((n % 8))\",\"id\":\"$id\"}" >>"$reqs"
+done
+"$tmp/enqueue" --nats-url "$urls" --wait --timeout 60s file "$reqs" >"$tmp/load-cluster.out" || fail "the cluster's load was not answered ok"
+echo "ok   cluster: $(wc -l <"$reqs") requests answered ok"
+"$tmp/enqueue" --nats-url "$single_nats" --wait --timeout 60s file "$reqs" >"$tmp/load-single.out" || fail "the single worker's load was not answered ok"
+"$tmp/enqueue" --nats-url "$single_nats" demo --people 20 --hub-edges 300 --http "$single_http" >"$tmp/demo-small.out" ||
+  fail "enqueue demo on the single worker failed"
+grep -q '"journaled":true' "$tmp/demo-small.out" || fail "the small demo's hub was not journaled"
+echo "ok   single: $(wc -l <"$reqs") requests and a demo graph (its hub's cascade journaled) answered ok"
+for i in 0 1 2; do curl -s -o /dev/null "$(member_http "$i")/v1/tenants/t1/nodes/$(cat /proc/sys/kernel/random/uuid)"; done
+# Scrapes and rates after the load: a 1m rate needs two samples after it.
+"$pc" wait -url "$prom" -q "sum by (namespace) (rate(telha_requests_total{job=\"$job\",status=\"ok\"}[1m])) > 0" -min 2 -timeout 30s \
+  -what "request rates are up in both namespaces"
+
+say "every dashboard query and alert expression on live data"
+# Every panel must show data (the members checkpoint every 5 s so that
+# "Checkpoint age" has some; NaN from a quantile of no observations counts
+# as data). A panel that may legitimately be empty here would be listed in
+# -allow-empty (a regexp of queries), with the reason.
+"$pc" dashboard -url "$prom" -dashboard ./telha-cascade/files/dashboard.json -rate 1m
+"$pc" exprs -url "$prom" -rules "$tmp/rules-cluster.yaml"
+# The single worker is not a dynamic member: no telha_partition_* there.
+"$pc" exprs -url "$prom" -rules "$tmp/rules-single.yaml" -allow-empty 'telha_partition_'
+
+say "induce alerts: a long journal (single), dead letters (both), a member killed (cluster)"
+"$tmp/enqueue" --nats-url "$single_nats" demo --tenant stuck --people 20 --hub-edges 9000 --http "$single_http" \
+  >"$tmp/demo-big.out" 2>&1 &
+demo_pid=$!
+pids+=("$demo_pid")
+bad='{"request_id":"bad-1","tenant":"acme","op":"no_such_op"}
+{"request_id":"bad-2","tenant":"acme","op":"put_node","id":"not-a-uuid"}
+{"request_id":"bad-3","tenant":"t3","op":"put_edge"}'
+echo "$bad" | "$tmp/enqueue" --nats-url "$single_nats" file - >/dev/null
+echo "$bad" | "$tmp/enqueue" --nats-url "$urls" file - >/dev/null
+victim=1
+kill -KILL "${member_pid[$victim]}"
+echo "ok   published 3 invalid requests to each; SIGKILL of member $victim"
+# The slot is ownerless for about the member TTL (6 s): checked first.
+alert -alert TelhaSlotWithoutOwner -match namespace=cluster -labels severity=critical -want firing -timeout 30s
+alert -alert TelhaDeadLettersIncreasing -match namespace=single,reason=invalid -labels severity=warning,pod=$job-0 -want firing -timeout 30s
+alert -alert TelhaDeadLettersIncreasing -match namespace=cluster,reason=invalid -labels severity=warning -want firing -timeout 30s
+alert -alert TelhaJournalStuck -match namespace=single -labels severity=critical,pod=$job-0 -want firing -timeout 60s
+
+say "remove them: the journal finishes, a standby takes the slots over, the dead-letter window passes"
+deadline=$((SECONDS + 120))
+while kill -0 "$demo_pid" 2>/dev/null; do
+  [ $SECONDS -lt $deadline ] || fail "the big demo did not finish within 120s"
+  sleep 0.2 # polling with a deadline
+done
+wait "$demo_pid" || fail "enqueue demo (9000 edges) failed: $(tail -n 3 "$tmp/demo-big.out")"
+grep -q '"journaled":true' "$tmp/demo-big.out" || fail "the big demo's hub was not journaled"
+alert -alert TelhaJournalStuck -match namespace=single -want resolved -timeout 60s
+alert -alert TelhaSlotWithoutOwner -match namespace=cluster -want resolved -timeout 120s
+
+alert -alert TelhaDeadLettersIncreasing -match namespace=single -want resolved -timeout 60s
+alert -alert TelhaDeadLettersIncreasing -match namespace=cluster -want resolved -timeout 60s
+
+say "induce: the single worker's reaper stopped (restart with --reaper-schedule \"@every 1h\"), then back"
+stop_single
+start_single "@every 1h"
+wait_http "the single worker is ready again (reaper every hour)" "$single_http/readyz" 120
+alert -alert TelhaReaperNotSucceeding -match namespace=single -labels severity=critical,pod=$job-0 -want firing -timeout 60s
+stop_single
+start_single "@every 2s"
+wait_http "the single worker is ready again (reaper every 2s)" "$single_http/readyz" 120
+alert -alert TelhaReaperNotSucceeding -match namespace=single -want resolved -timeout 60s
+
+say "all quiet again"
+"$pc" quiet -url "$prom" -timeout 60s
+
+say "OK in $(($(date +%s) - start))s"
