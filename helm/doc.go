@@ -56,4 +56,11 @@
 //     on the dashboard, and the alerts on the oldest pending request, parked
 //     results and dead letters without their result read the right
 //     metric with the values' thresholds.
+//
+// helm/prom/ci.sh (with its helper helm/prom/promcheck) goes further, on
+// recorded and live data: promtool check rules and promtool test rules
+// (helm/prom/rules_test.yaml) on the rendered rules, then a real
+// Prometheus scraping a worker and a dynamic cluster on loopback, where
+// every dashboard query and alert expression must match live series and
+// the alerts that can be induced fire and resolve.
 package chartcheck
