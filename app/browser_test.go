@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -437,6 +438,68 @@ func TestBrowserStatusPage(t *testing.T) {
 	b.open("/ui/requests?status=ok")
 	if b.count(`tr.result[data-status="invalid"]`) != 0 || b.count("tr.result") == 0 {
 		t.Fatal("recent requests filtered by ok: wrong rows")
+	}
+
+	// Issue 32 item 7.1: the page takes a wide screen's width, and never
+	// breaks an id across lines: on a narrow screen a table scrolls
+	// sideways in its box.
+	b.do("a wide screen", chromedp.EmulateViewport(1920, 1000))
+	b.open("/ui/requests")
+	if wd := b.eval(`document.querySelector('main').getBoundingClientRect().width`); wd < 1800 {
+		t.Fatalf("on a screen 1,920 px wide the page is %.0f px wide", wd)
+	}
+	b.do("a narrow screen", chromedp.EmulateViewport(700, 1000))
+	for _, path := range []string{"/ui/requests", "/ui/journals", at(tx - 1)} {
+		b.open(path)
+		b.idsOnOneLine(path)
+	}
+	b.open("/ui/requests")
+	if b.eval(`(() => { const s = document.querySelector('#recent').parentElement; return s.scrollWidth > s.clientWidth && getComputedStyle(s).overflowX === 'auto' ? 1 : 0 })()`) != 1 {
+		t.Fatal("on a narrow screen the recent requests do not scroll sideways in their box")
+	}
+	b.screenshot("requests-narrow")
+	b.do("the usual screen", chromedp.EmulateViewport(1280, 1000))
+}
+
+// eval evaluates a JavaScript expression to a number.
+func (b *browser) eval(js string) float64 {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[float64](js))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", js, err)
+	}
+	return v
+}
+
+// idsOnOneLine fails when the page has no id cell, or an id cell (a UUID,
+// a request id) takes more than one line.
+func (b *browser) idsOnOneLine(where string) {
+	b.t.Helper()
+	res, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`(() => {
+		const cells = [...document.querySelectorAll('td.id')].filter(td => td.textContent.trim() !== '');
+		const bad = [];
+		for (const td of cells) {
+			const r = document.createRange();
+			r.selectNodeContents(td);
+			const cs = getComputedStyle(td);
+			let lh = parseFloat(cs.lineHeight);
+			if (isNaN(lh)) lh = 1.45 * parseFloat(cs.fontSize);
+			if (r.getBoundingClientRect().height > 1.5 * lh) bad.push(td.textContent.trim());
+		}
+		return JSON.stringify({n: cells.length, bad: bad});
+	})()`))
+	if err != nil {
+		b.t.Fatalf("%s: ids: %v", where, err)
+	}
+	var out struct {
+		N   int      `json:"n"`
+		Bad []string `json:"bad"`
+	}
+	if err := json.Unmarshal([]byte(res), &out); err != nil {
+		b.t.Fatalf("%s: %s: %v", where, res, err)
+	}
+	if out.N == 0 || len(out.Bad) > 0 {
+		b.t.Fatalf("%s on a narrow screen: %d id cells, broken across lines: %v", where, out.N, out.Bad)
 	}
 }
 

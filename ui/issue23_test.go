@@ -78,7 +78,7 @@ func TestExplorerEdgesPagedCountedAndDeleted(t *testing.T) {
 	}
 	path := "/ui/explorer?" + url.Values{"tenant": {"acme"}, "kind": {"node"}, "id": {hub.String()}}.Encode()
 	seen := map[string]bool{}
-	edgeRE := regexp.MustCompile(`<tr class="edge"><td><a href="[^"]+">([0-9a-f-]{36})</a>`)
+	edgeRE := regexp.MustCompile(`<tr class="edge"><td class="id"><a href="[^"]+">([0-9a-f-]{36})</a>`)
 	for _, want := range []string{"Edges 1–50 of 120.", "Edges 51–100 of 120.", "Edges 101–120 of 120."} {
 		body := w.do(req{path: path}).Body.String()
 		if !strings.Contains(body, want) {
