@@ -45,6 +45,13 @@
 #           TelhaReaperNotSucceeding   the worker restarted with
 #                                      --reaper-schedule "@every 1h", then
 #                                      with the short schedule again
+#           TelhaRedeliveriesHigh      the worker restarted with a disk
+#                                      reserve larger than the disk
+#                                      (--min-free-disk-mb): every write is
+#                                      refused as transient, requests are
+#                                      redelivered, then dead-lettered
+#                                      (TelhaDeadLettersIncreasing with
+#                                      reason retries_exhausted)
 #     The others are covered by promtool test rules only (step 1):
 #           TelhaStandbyLagging        a standby's lag is the owner's last
 #                                      reported sequence minus its own; it
@@ -64,8 +71,6 @@
 #           TelhaPebbleWriteStalls     needs Pebble to stall writes
 #                                      (compaction behind), which a small
 #                                      run does not reach reliably
-#           TelhaRedeliveriesHigh      needs over 100 requests redelivered
-#                                      and unacked
 #     (their expressions are still evaluated live, above).
 #
 # Ports (loopback only, PROM_PORT_BASE, default 25222): cluster NATS +0..2,
@@ -103,7 +108,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say() { echo "== prom/ci.sh: $*"; }
+say() { echo "== prom/ci.sh [$(($(date +%s) - start))s]: $*"; }
 fail() { echo "FAIL $*" >&2; exit 1; }
 
 # ---- Prometheus and promtool (Debian's package) ----
@@ -186,9 +191,11 @@ job=telha-telha-cascade # the chart's fullname for release telha: what its alert
 # within 10 s); small batches and chunks of 7 puts, so a hub's cascade is
 # journaled and takes seconds.
 single_pid=
-start_single() { # start_single REAPER_SCHEDULE
+start_single() { # start_single REAPER_SCHEDULE [FLAGS...]
+  local schedule=$1
+  shift
   "$tmp/worker" --data-dir "$tmp/single" --nats-listen "127.0.0.1:$((base + 10))" --http-addr "127.0.0.1:$((base + 4010))" \
-    --max-batch-ops 100 --journal-chunk-ops 7 --reaper-schedule "$1" >>"$tmp/single.log" 2>&1 &
+    --max-batch-ops 100 --journal-chunk-ops 7 --reaper-schedule "$schedule" "$@" >>"$tmp/single.log" 2>&1 &
   single_pid=$!
   pids+=("$single_pid")
 }
@@ -353,6 +360,31 @@ alert -alert TelhaSlotWithoutOwner -match namespace=cluster -want resolved -time
 
 alert -alert TelhaDeadLettersIncreasing -match namespace=single -want resolved -timeout 60s
 alert -alert TelhaDeadLettersIncreasing -match namespace=cluster -want resolved -timeout 60s
+
+say "induce: the single worker's disk \"full\" (restart with --min-free-disk-mb 1PiB) while requests arrive"
+# Every write is refused as transient: each request is redelivered until
+# its last delivery, then dead-lettered as retries_exhausted. The worker is
+# alive (/healthz) but not ready.
+stop_single
+start_single "@every 2s" --min-free-disk-mb 1073741824
+wait_http "the single worker is alive again (disk reserve not met)" "$single_http/healthz" 120
+flood() { # requests, a few every half second, until killed
+  while :; do
+    for n in 1 2 3 4 5; do
+      echo "{\"request_id\":\"full-$RANDOM$RANDOM\",\"op\":\"put_node\",\"tenant\":\"t$n\",\"id\":\"$(cat /proc/sys/kernel/random/uuid)\"}"
+    done | "$tmp/enqueue" --nats-url "$single_nats" file - >/dev/null 2>&1 || true
+    sleep 0.5
+  done
+}
+flood &
+flood_pid=$!
+pids+=("$flood_pid")
+alert -alert TelhaRedeliveriesHigh -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+alert -alert TelhaDeadLettersIncreasing -match namespace=single,reason=retries_exhausted -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+kill -TERM "$flood_pid"
+wait "$flood_pid" 2>/dev/null || true
+echo "ok   stopped publishing"
+alert -alert TelhaRedeliveriesHigh -match namespace=single -want resolved -timeout 60s
 
 say "induce: the single worker's reaper stopped (restart with --reaper-schedule \"@every 1h\"), then back"
 stop_single
