@@ -4,8 +4,9 @@
 // for the SRE at 3 a.m. and the auditor. Pages: overview (refreshes itself;
 // rates over the last minute from the worker's own samples, queue figures
 // with their as-of, the consumer's pause with pause and resume), journals
-// (progress, rate, ETA, the attempt in progress; it refreshes itself while
-// one runs; the recently finished ones), dead letters (filter, body,
+// (progress, rate and ETA from the progress observed between samples,
+// the attempt in progress; it refreshes itself while one runs; the
+// recently finished ones), dead letters (filter, body,
 // headers, retry and discard, one by one or the page shown), requests (the
 // lookup, pointing an invalid request to its dead letter; the recent
 // results by status), and the as-of explorer (a node or edge at a (valid,
