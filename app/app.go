@@ -80,6 +80,11 @@ type Options struct {
 	// what the start is doing until the core is ready, and what it
 	// retries and why (the member's /readyz names a slot still starting).
 	OnStartPhase func(phase string)
+	// Conn, set by a dynamic member for its slots' cores, is the
+	// process's NATS connection: the core uses it (one connection per
+	// process, not per slot), flushes it when it stops and never closes
+	// it.
+	Conn *nats.Conn
 }
 
 // App is a running worker.
@@ -93,10 +98,14 @@ type App struct {
 	tracer  trace.TracerProvider
 	ops     *cascade.Ops
 	metrics *metrics.Metrics
-	ns      *server.Server
-	nc      *nats.Conn
-	worker  *queue.Worker
-	reaper  *reaper.Service
+	// conn is the worker's own NATS connection (nil for a member's slot);
+	// nc is conn's, or the member's (Options.Conn; sharedNC), not closed
+	// here.
+	conn     *natsConn
+	nc       *nats.Conn
+	sharedNC bool
+	worker   *queue.Worker
+	reaper   *reaper.Service
 	// changelog is nil with --changelog off (changelog.go).
 	changelog *changelog
 	// slotView, standbyApplied: Options.SlotView, Options.StandbyApplied
@@ -110,6 +119,9 @@ type App struct {
 
 	httpLn, apiLn net.Listener
 	servers       []*http.Server
+	// hosted is a member's slot's whole HTTP (it binds no port; nil
+	// otherwise): the member's server calls it (serveHosted).
+	hosted http.Handler
 	// httpCtx is the base context of every HTTP request: close cancels it
 	// first, so reads waiting (?wait=, a journal) answer at once, and
 	// inflight counts the handlers still running, so the store closes
@@ -118,7 +130,6 @@ type App struct {
 	httpStop    context.CancelFunc
 	inflight    inflight
 	onStoreOpen []func()
-	ncClosed    chan struct{}
 	storeOpen   atomic.Bool
 	startupDone atomic.Bool
 	// resuming: the startup pass still resumes, in the background, journals
@@ -137,8 +148,32 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-// HTTPAddr is the bound address of the HTTP server (useful with :0).
-func (a *App) HTTPAddr() string { return a.httpLn.Addr().String() }
+// HTTPAddr is the bound address of the HTTP server (useful with :0); ""
+// for a member's slot, which binds none.
+func (a *App) HTTPAddr() string {
+	if a.httpLn == nil {
+		return ""
+	}
+	return a.httpLn.Addr().String()
+}
+
+// serveHosted answers r with a member's slot, in process: the member's
+// HTTP server found the slot. It returns false, having written nothing,
+// when the slot is stopping (its handlers drained): the member routes the
+// request again. The request also ends when the slot closes (a read
+// waiting for safe time or a journal answers then, as on a port of its
+// own).
+func (a *App) serveHosted(w http.ResponseWriter, r *http.Request) bool {
+	if a.hosted == nil || !a.inflight.enter() {
+		return false
+	}
+	defer a.inflight.leave()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(a.httpCtx, cancel)()
+	a.hosted.ServeHTTP(w, r.WithContext(ctx))
+	return true
+}
 
 // APIAddr is the bound address of the separate read-API server, if any.
 func (a *App) APIAddr() string {
@@ -203,11 +238,23 @@ func (a *App) Ready() (bool, []string) {
 // cancel the reads still waiting, wait for every handler); stop the
 // reaper, pausing journal appliers between chunks (journals stay durable);
 // close NATS; close Pebble. It returns nil after a clean shutdown.
-func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
+//
+// With --partition-owner dynamic, the process is a member (runMember),
+// which hosts the slots the group gives it, each a replica run as below
+// on the member's connection and HTTP server.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
 	if cfg.Member.Dynamic {
 		return runMember(ctx, cfg, log, opts)
 	}
-	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase}
+	return runReplica(ctx, cfg, log, opts)
+}
+
+// runReplica runs one replica: a static worker (i/N: its own NATS
+// connection and HTTP servers) or a member's slot (cfg.slotCore: the
+// member's connection, opts.Conn, and no port of its own).
+func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
+	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase,
+		nc: opts.Conn, sharedNC: opts.Conn != nil}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {
 			err = cerr
@@ -256,13 +303,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if cfg.Changelog == ChangelogJetStream {
 		// The changelog needs NATS before the store opens: the store is
 		// rebuilt from it (restore, replay) and then commits through it.
-		if err := a.connect(ctx); err != nil {
-			if ctx.Err() != nil {
-				return fatalOrNil(ctx)
+		if a.nc == nil {
+			if err := a.connect(ctx); err != nil {
+				if ctx.Err() != nil {
+					return fatalOrNil(ctx)
+				}
+				return err
 			}
-			return err
+			cfg.StreamReplicas = a.cfg.StreamReplicas
 		}
-		cfg.StreamReplicas = a.cfg.StreamReplicas
 		a.setPhase("changelog: opening its stream and the checkpoint bucket")
 		cl, err := a.openChangelog(ctx)
 		if err != nil || cl == nil {
@@ -602,27 +651,35 @@ func (a *App) refreshStats(ctx context.Context) {
 
 func (a *App) listen() error {
 	a.httpCtx, a.httpStop = context.WithCancel(context.Background())
+	if a.cfg.slotCore {
+		// A member's slot binds no port: the member's HTTP server calls
+		// it in process (serveHosted).
+		a.hosted = a.handler(true, true)
+		return nil
+	}
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on --http-addr %s: %w", a.cfg.HTTPAddr, err)
 	}
 	a.httpLn = ln
-	a.serve(ln, true, a.cfg.APIAddr == "")
+	a.serve(ln, a.handler(true, a.cfg.APIAddr == ""))
 	if a.cfg.APIAddr != "" && a.cfg.APIAddr != "off" {
 		ln, err := net.Listen("tcp", a.cfg.APIAddr)
 		if err != nil {
 			return fmt.Errorf("listen on --api-addr %s: %w", a.cfg.APIAddr, err)
 		}
 		a.apiLn = ln
-		a.serve(ln, false, true)
+		a.serve(ln, a.handler(false, true))
 	}
 	return nil
 }
 
-// serve starts an HTTP server. The store opens after the listener (so the
-// probes answer during a long startup); until then only health and metrics
-// answer, and /v1/... gets 503.
-func (a *App) serve(ln net.Listener, health, readAPI bool) {
+// handler is what an HTTP server of the worker serves: health (the
+// probes and /metrics) and the read API with the status page, as asked.
+// The store opens after the listener (so the probes answer during a long
+// startup); until then only health and metrics answer, and /v1/... gets
+// 503. The body is bounded.
+func (a *App) handler(health, readAPI bool) http.Handler {
 	early := api.Handler(nil, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health})
 	var full atomic.Pointer[http.Handler]
 	a.onStoreOpen = append(a.onStoreOpen, func() {
@@ -657,8 +714,14 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 			return nil
 		})
 	}
+	return http.MaxBytesHandler(served, 1<<20)
+}
+
+// serve starts an HTTP server of h on ln; its requests count in inflight
+// and their contexts end when the worker closes (httpCtx).
+func (a *App) serve(ln net.Listener, h http.Handler) {
 	srv := &http.Server{
-		Handler:           a.inflight.wrap(http.MaxBytesHandler(served, 1<<20)),
+		Handler:           a.inflight.wrap(h),
 		BaseContext:       func(net.Listener) context.Context { return a.httpCtx },
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -675,38 +738,62 @@ func (a *App) serve(ln net.Listener, health, readAPI bool) {
 	}()
 }
 
+// natsConn is a process's NATS connection, and the embedded server it
+// started, if any (no --nats-url).
+type natsConn struct {
+	nc     *nats.Conn
+	ns     *server.Server
+	closed chan struct{} // closed by the connection's ClosedHandler
+}
+
+// connect connects the worker (a static replica; a member's slot gets the
+// member's: Options.Conn).
 func (a *App) connect(ctx context.Context) error {
+	c, err := dial(ctx, &a.cfg, a.log)
+	if c != nil {
+		a.conn = c // closed by close even when the connection failed
+	}
+	if err != nil {
+		return err
+	}
+	a.nc = c.nc
+	return nil
+}
+
+// dial connects to --nats-url, or starts the embedded server and connects
+// to it, and settles --stream-replicas 0 in cfg (resolveReplicas).
+func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error) {
+	c := &natsConn{closed: make(chan struct{})}
 	opts := []nats.Option{
 		nats.Name("telha-cascade"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil { // our own close at shutdown
-				a.log.Info("nats connection closed")
+				log.Info("nats connection closed")
 				return
 			}
-			a.log.Warn("nats disconnected", "err", err)
+			log.Warn("nats disconnected", "err", err)
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { a.log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { a.log.Warn("nats", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("nats", "err", err) }),
 		// A refused login is retried like any other failure (credentials may
 		// be rotated on the server after the worker), and said clearly.
 		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-			a.log.Warn("nats connection attempt failed; retrying", "err", err)
+			log.Warn("nats connection attempt failed; retrying", "err", err)
 		}),
-		nats.ClosedHandler(func(*nats.Conn) { close(a.ncClosed) }),
+		nats.ClosedHandler(func(*nats.Conn) { close(c.closed) }),
 	}
-	a.ncClosed = make(chan struct{})
-	url := a.cfg.NATSURL
+	url := cfg.NATSURL
 	if url == "" {
-		host, port, err := net.SplitHostPort(a.cfg.NATSListen)
+		host, port, err := net.SplitHostPort(cfg.NATSListen)
 		if err != nil {
-			return fmt.Errorf("%w: --nats-listen %q: %v", ErrUsage, a.cfg.NATSListen, err)
+			return nil, fmt.Errorf("%w: --nats-listen %q: %v", ErrUsage, cfg.NATSListen, err)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil {
-			return fmt.Errorf("%w: --nats-listen %q: bad port", ErrUsage, a.cfg.NATSListen)
+			return nil, fmt.Errorf("%w: --nats-listen %q: bad port", ErrUsage, cfg.NATSListen)
 		}
 		// The embedded server has no authentication and no TLS: whoever
 		// reaches it can publish requests for every tenant, read every
@@ -715,46 +802,73 @@ func (a *App) connect(ctx context.Context) error {
 		// read API without tokens; other hosts use a NATS server of their
 		// own, with accounts (--nats-url).
 		if !loopbackHost(host) {
-			a.log.Error("refusing to start the embedded NATS server on a non-loopback address: it has no authentication", "nats_listen", a.cfg.NATSListen)
-			return fmt.Errorf("%w: --nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", ErrUsage, a.cfg.NATSListen)
+			log.Error("refusing to start the embedded NATS server on a non-loopback address: it has no authentication", "nats_listen", cfg.NATSListen)
+			return nil, fmt.Errorf("%w: --nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", ErrUsage, cfg.NATSListen)
 		}
-		ns, err := startEmbedded(ctx, a.log, &server.Options{
+		ns, err := startEmbedded(ctx, log, &server.Options{
 			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
-			StoreDir: filepath.Join(a.cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
+			StoreDir: filepath.Join(cfg.DataDir, "nats"), NoSigs: true, NoLog: true,
 			// With the changelog on, the local commit is not fsynced: the
 			// changelog is the durable copy, so the server must fsync it
 			// before it acks (sync_interval: always).
-			SyncAlways: a.cfg.Changelog == ChangelogJetStream,
-		}, a.cfg.NATSListen)
+			SyncAlways: cfg.Changelog == ChangelogJetStream,
+		}, cfg.NATSListen)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		a.ns = ns
+		c.ns = ns
 		url = ns.ClientURL()
-		a.log.Info("NATS: embedded JetStream server started in this process (no --nats-url)", "listen", a.cfg.NATSListen, "url", url, "store", filepath.Join(a.cfg.DataDir, "nats"))
+		log.Info("NATS: embedded JetStream server started in this process (no --nats-url)", "listen", cfg.NATSListen, "url", url, "store", filepath.Join(cfg.DataDir, "nats"))
 	} else {
-		a.log.Info("NATS: client of an external server; no embedded server is started", "url", RedactURLs(url), "from", a.cfg.NATSURLFrom)
-		if a.cfg.NATSCreds != "" {
-			opts = append(opts, nats.UserCredentials(a.cfg.NATSCreds))
+		log.Info("NATS: client of an external server; no embedded server is started", "url", RedactURLs(url), "from", cfg.NATSURLFrom)
+		if cfg.NATSCreds != "" {
+			opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
 		}
-		if a.cfg.NATSUser != "" {
-			opts = append(opts, nats.UserInfo(a.cfg.NATSUser, a.cfg.NATSPassword))
+		if cfg.NATSUser != "" {
+			opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
 		}
-		if a.cfg.NATSTLSCA != "" || a.cfg.NATSTLSCert != "" {
-			tc, err := tlsConfig(a.cfg)
+		if cfg.NATSTLSCA != "" || cfg.NATSTLSCert != "" {
+			tc, err := tlsConfig(*cfg)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			opts = append(opts, nats.Secure(tc))
 		}
 	}
 	nc, err := nats.Connect(url, append(opts, nats.RetryOnFailedConnect(true))...)
 	if err != nil {
-		return fmt.Errorf("connect to nats: %w", err)
+		return c, fmt.Errorf("connect to nats: %w", err)
 	}
-	a.nc = nc
-	a.resolveReplicas(ctx)
-	return nil
+	c.nc = nc
+	resolveReplicas(ctx, cfg, nc, log)
+	return c, nil
+}
+
+// close drains the connection and shuts the embedded server down.
+func (c *natsConn) close() {
+	c.drain()
+	c.shutdown()
+}
+
+// drain drains the connection: what was published is sent.
+func (c *natsConn) drain() {
+	if c.nc != nil {
+		if err := c.nc.Drain(); err == nil {
+			select {
+			case <-c.closed:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		c.nc.Close()
+	}
+}
+
+// shutdown shuts the embedded server down, if any.
+func (c *natsConn) shutdown() {
+	if c.ns != nil {
+		c.ns.Shutdown()
+		c.ns.WaitForShutdown()
+	}
 }
 
 // resolveReplicas settles --stream-replicas 0 (auto) once connected: the
@@ -763,24 +877,24 @@ func (a *App) connect(ctx context.Context) error {
 // server not reachable by then (starting after the worker, refusing its
 // credentials) leaves the URLs given to count, and the start goes on to
 // say why it cannot connect.
-func (a *App) resolveReplicas(ctx context.Context) {
-	if a.cfg.StreamReplicas > 0 {
+func resolveReplicas(ctx context.Context, cfg *Config, nc *nats.Conn, log *slog.Logger) {
+	if cfg.StreamReplicas > 0 {
 		return
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for !a.nc.IsConnected() && time.Now().Before(deadline) && ctx.Err() == nil {
+	for !nc.IsConnected() && time.Now().Before(deadline) && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	n, why := a.cfg.ResolveReplicas(len(a.nc.Servers()))
-	if !a.nc.IsConnected() {
+	n, why := cfg.ResolveReplicas(len(nc.Servers()))
+	if !nc.IsConnected() {
 		why += " (not connected yet: only the URLs given were counted)"
-		a.log.Warn("stream replicas", "replicas", n, "why", why)
+		log.Warn("stream replicas", "replicas", n, "why", why)
 		return
 	}
-	a.log.Info("stream replicas", "replicas", n, "why", why)
+	log.Info("stream replicas", "replicas", n, "why", why)
 }
 
 // loopbackHost reports whether host (of --nats-listen) is a loopback
@@ -907,23 +1021,22 @@ func (a *App) close() error {
 		// outbox is published one last time.
 		a.reaper.Stop()
 	}
-	if a.nc != nil {
-		if err := a.nc.Drain(); err == nil {
-			select {
-			case <-a.ncClosed:
-			case <-time.After(5 * time.Second):
-			}
+	if a.nc != nil && a.sharedNC {
+		// The member's connection: send what this core published (acks,
+		// results) and leave it open for the member's other slots.
+		if err := a.nc.FlushTimeout(5 * time.Second); err != nil {
+			a.log.Warn("flushing the member's NATS connection", "err", err)
 		}
-		a.nc.Close()
+	} else if a.conn != nil {
+		a.conn.drain()
 	}
 	if a.store != nil && !fatal && handlersDone {
 		if err := a.store.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if a.ns != nil {
-		a.ns.Shutdown()
-		a.ns.WaitForShutdown()
+	if a.conn != nil {
+		a.conn.shutdown()
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/robfig/cron/v3"
 	"github.com/telha/telha-cascade/partition"
@@ -214,15 +215,22 @@ func (a *App) Checkpoint(ctx context.Context) (partition.CheckpointInfo, error) 
 	return a.changelog.checkpoint(ctx)
 }
 
-// openChangelog opens the changelog stream and the checkpoint bucket,
-// retrying while NATS is unreachable (an external cluster may start after
-// the worker). It returns nil, nil when ctx ends first.
+// openChangelog opens the worker's changelog (openChangelog).
 func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
-	js, err := jetstream.New(a.nc)
+	return openChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
+}
+
+// openChangelog opens the changelog stream of cfg's replica (a member's
+// slot) and the checkpoint bucket, retrying while NATS is unreachable (an
+// external cluster may start after the worker), and saying so through
+// setPhase. standbys (nil: none) lists the applied sequences of the
+// slot's tailing standbys. It returns nil, nil when ctx ends first.
+func openChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Logger, standbys func() []uint64, setPhase func(string)) (*changelog, error) {
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("changelog: %w", err)
 	}
-	pc, cc := a.cfg.changelogConfig(), a.cfg.checkpointConfig()
+	pc, cc := cfg.changelogConfig(), cfg.checkpointConfig()
 	// Short attempts: a JetStream cluster answers concurrent creates of one
 	// stream (an owner and its standby starting at once) late or never
 	// (nats-server#3677); the stream exists, and the retry binds it.
@@ -236,8 +244,8 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 		}
 		cancel()
 		if err == nil {
-			c := &changelog{cfg: a.cfg, log: a.log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: a.standbyApplied,
-				run: make(chan struct{}, 1), chunk: partition.ChunkSizeFor(a.nc.MaxPayload()), staging: a.cfg.DataDir}
+			c := &changelog{cfg: cfg, log: log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: standbys,
+				run: make(chan struct{}, 1), chunk: partition.ChunkSizeFor(nc.MaxPayload()), staging: cfg.DataDir}
 			c.status = ChangelogStatus{Mode: ChangelogJetStream, Stream: cl.Config().StreamName(), Subject: cl.Config().Subject(),
 				Bucket: cc.Bucket, Partition: pc.Partition}
 			return c, nil
@@ -245,8 +253,8 @@ func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
 		if ctx.Err() != nil {
 			return nil, nil
 		}
-		a.log.Warn("opening the changelog failed; retrying", "stream", pc.StreamName(), "err", err, "in", delay)
-		a.setPhase(fmt.Sprintf("changelog: opening %s and the bucket %s failed, retrying in %s: %v", pc.StreamName(), cc.Bucket, delay, err))
+		log.Warn("opening the changelog failed; retrying", "stream", pc.StreamName(), "err", err, "in", delay)
+		setPhase(fmt.Sprintf("changelog: opening %s and the bucket %s failed, retrying in %s: %v", pc.StreamName(), cc.Bucket, delay, err))
 		select {
 		case <-ctx.Done():
 			return nil, nil

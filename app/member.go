@@ -42,11 +42,12 @@ import (
 // replicas upgrades to dynamic/N without moving a byte. A member runs, for
 // each slot the assignment (package member) gives it:
 //
-//	owner     a slot core: what one static replica runs (Run with
+//	owner     a slot core: what one static replica runs (runReplica with
 //	          --partition-owner i/N, its own Pebble in <data-dir>/slots/<i>/pebble,
 //	          restore and replay on start, the claim that fences the
-//	          previous writer, its consumer, reaper and checkpoints), its
-//	          HTTP on a loopback port that only this process calls
+//	          previous writer, its consumer, reaper and checkpoints) on
+//	          the member's NATS connection; it binds no port: the
+//	          member's HTTP server calls its handler in process
 //	standby   a warm copy in that same Pebble directory, caught up from the
 //	          newest checkpoint and the changelog, then tailing it; promoted
 //	          by stopping the tail and starting the core on the same
@@ -210,7 +211,10 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("listen on --http-addr %s: %w", m.cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+	// As a worker's own server (serve), with the forwarding wait on top.
+	srv := &http.Server{Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 60*time.Second + m.cfg.Member.ForwardWait, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(m.log.Handler(), slog.LevelWarn)}
 	go func() { _ = srv.Serve(ln) }()
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -218,20 +222,16 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		_ = srv.Shutdown(sctx)
 	}()
 
-	conn := &App{cfg: m.cfg, log: m.log}
-	if err := conn.connect(ctx); err != nil {
+	// The member's one NATS connection: its slots use it (Options.Conn).
+	// dial settles --stream-replicas 0 in m.cfg, which the slots inherit.
+	conn, err := dial(ctx, &m.cfg, m.log)
+	if conn != nil {
+		defer conn.close()
+	}
+	if err != nil {
 		return err
 	}
 	m.nc = conn.nc
-	m.cfg.StreamReplicas = conn.cfg.StreamReplicas // --stream-replicas 0 resolved: the cores inherit it
-	defer func() {
-		_ = conn.nc.Drain()
-		select {
-		case <-conn.ncClosed:
-		case <-time.After(5 * time.Second):
-		}
-		conn.nc.Close()
-	}()
 	js, err := jetstream.New(conn.nc)
 	if err != nil {
 		return fmt.Errorf("member: %w", err)
@@ -764,14 +764,15 @@ func (m *memberRun) slotDir(s int) string {
 }
 
 // coreConfig is the configuration of slot s's core: the static replica
-// s/N, on a loopback HTTP port, with its share of the caches.
+// s/N, served by the member's HTTP (no port), with its share of the
+// caches.
 func (m *memberRun) coreConfig(s int) Config {
 	c := m.cfg
 	c.Member = MemberConfig{}
 	c.Owner = queue.Owner{Index: s, Count: m.n}
 	c.PartitionOwner = c.Owner.String()
 	c.DataDir = m.slotDir(s)
-	c.HTTPAddr, c.APIAddr = "127.0.0.1:0", ""
+	c.HTTPAddr, c.APIAddr = "", ""
 	c.slotCore = true
 	c.OTLPEndpoint = ""
 	c.ShutdownGrace = max(m.cfg.ShutdownGrace/2, time.Second) // see run: the handoff has the other half
@@ -788,6 +789,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.SlotView = m.slotRows
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
+	o.Conn = m.nc // one NATS connection per member, not one per slot
 	o.OnReady = func(a *App) {
 		r.served.Store(true)
 		r.app.Store(a)
@@ -807,7 +809,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	go func() {
 		defer m.poke()
 		defer close(r.done)
-		r.err = Run(ctx, m.coreConfig(s), m.log.With("slot", s), o)
+		r.err = runReplica(ctx, m.coreConfig(s), m.log.With("slot", s), o)
 		r.app.Store(nil)
 		if lostClaim(r.err, r.served.Load()) {
 			// Another writer appended between our catch-up and our claim:
@@ -869,8 +871,7 @@ func (m *memberRun) startStandby(s int) *slotRun {
 // then the changelog) and follows the changelog until ctx ends.
 func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logger) error {
 	c := m.coreConfig(s)
-	a := &App{cfg: c, log: log, nc: m.nc}
-	cl, err := a.openChangelog(ctx)
+	cl, err := openChangelog(ctx, m.nc, c, log, nil, func(string) {})
 	if err != nil || cl == nil {
 		return errors.Join(err, ctx.Err())
 	}
@@ -1189,7 +1190,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	deadline := time.Now().Add(m.cfg.Member.ForwardWait)
 	for {
 		if a := m.localOwner(s); a != nil {
-			if m.proxy(w, r, "http://"+a.HTTPAddr(), false) {
+			if a.serveHosted(w, r) {
 				return
 			}
 		} else if forwarded && !m.assignedHere(s) {
@@ -1200,7 +1201,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			writeJSONError(w, http.StatusServiceUnavailable, fmt.Sprintf("slot %d is not owned by member %s", s, m.id))
 			return
 		} else if url := m.ownerURL(s); url != "" && !forwarded {
-			if m.proxy(w, r, url, true) {
+			if m.forward(w, r, url) {
 				return
 			}
 		}
@@ -1217,10 +1218,10 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// proxy sends r to base and copies the answer; false (nothing written)
-// when base could not be reached (a core that just stopped, a member
-// gone): the caller routes again.
-func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, peer bool) bool {
+// forward sends r to the member at base (slot's owner) and copies the
+// answer; false (nothing written) when that member could not be reached
+// (gone) or owns the slot no more: the caller routes again.
+func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string) bool {
 	var body io.Reader
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		body = r.Body // the status page's POSTs (sign-in, dead letters, pause): sent once
@@ -1235,19 +1236,13 @@ func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, p
 		req.Header.Del(h)
 	}
 	req.ContentLength = r.ContentLength
-	if peer {
-		req.Header.Set(hdrForwarded, m.id)
-	} else {
-		// The core checks Origin (every POST) and, in loopback mode, the
-		// Host name against what the client sent, not against this hop.
-		req.Host = r.Host
-	}
+	req.Header.Set(hdrForwarded, m.id)
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return false
 	}
 	defer resp.Body.Close()
-	if peer && resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "" {
+	if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "" {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		return false // that member no longer owns the slot: route again
 	}
@@ -1261,14 +1256,20 @@ func (m *memberRun) proxy(w http.ResponseWriter, r *http.Request, base string, p
 	return true
 }
 
-// journals merges /v1/journals of every local core and, unless forwarded,
-// of every other member.
+// journals lists the journals of every slot this member owns and, unless
+// forwarded, of every other member's (fetched from them), as a token may
+// see them.
 func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
-	var bases []string
+	if len(r.URL.Query()) > 0 {
+		writeJSONError(w, http.StatusBadRequest, "unknown query parameters: /v1/journals takes none")
+		return
+	}
+	p, _, _, _ := m.auth.Principal(r) // admitted: it is someone
+	var local []*App
 	m.mu.Lock()
 	for _, run := range m.slots {
 		if a := run.app.Load(); a != nil && run.role == roleOwner {
-			bases = append(bases, "http://"+a.HTTPAddr())
+			local = append(local, a)
 		}
 	}
 	peers := []string{}
@@ -1280,55 +1281,58 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	m.mu.Unlock()
-	all := []json.RawMessage{}
-	get := func(base string, peer bool) error {
-		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, base+"/v1/journals", nil)
-		if err != nil {
-			return err
-		}
-		if v := r.Header.Get("Authorization"); v != "" {
-			req.Header.Set("Authorization", v)
-		}
-		if peer {
-			req.Header.Set(hdrForwarded, m.id)
-		}
-		resp, err := m.client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", base, resp.Status)
-		}
-		var body struct {
-			Journals []json.RawMessage `json:"journals"`
-		}
-		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&body); err != nil {
-			return err
-		}
-		all = append(all, body.Journals...)
-		return nil
-	}
-	for _, b := range bases {
-		if err := get(b, false); err != nil {
-			writeJSONError(w, http.StatusServiceUnavailable, "journals: "+err.Error())
-			return
+	all := []api.Journal{}
+	for _, a := range local {
+		for _, j := range a.journals() {
+			if p.Sees(j.Tenant) {
+				all = append(all, j)
+			}
 		}
 	}
-	for _, p := range peers {
-		if err := get(p, true); err != nil {
+	for _, base := range peers {
+		js, err := m.peerJournals(r, base)
+		if err != nil {
 			writeJSONError(w, http.StatusServiceUnavailable, "journals of another member: "+err.Error())
 			return
 		}
+		all = append(all, js...)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"journals": all})
 }
 
+// peerJournals is /v1/journals of the member at base, asked with r's
+// credentials.
+func (m *memberRun) peerJournals(r *http.Request, base string) ([]api.Journal, error) {
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, base+"/v1/journals", nil)
+	if err != nil {
+		return nil, err
+	}
+	if v := r.Header.Get("Authorization"); v != "" {
+		req.Header.Set("Authorization", v)
+	}
+	req.Header.Set(hdrForwarded, m.id)
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", base, resp.Status)
+	}
+	var body struct {
+		Journals []api.Journal `json:"journals"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&body); err != nil {
+		return nil, fmt.Errorf("%s: %w", base, err)
+	}
+	return body.Journals, nil
+}
+
 // firstCore sends what is not routed by tenant (the status page, its
-// assets) to the lowest slot this member owns. In loopback mode only this
-// hop sees the real client (the core sees this process), so it refuses a
-// non-loopback one here; with tokens, the core's sessions decide.
+// assets) to the lowest slot this member owns, in process: the slot sees
+// the real client and checks it as a worker would (loopback mode, tokens,
+// sessions); a non-loopback client without tokens is refused here already.
 func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 	if m.auth.Mode() == api.AuthLoopback && !loopbackRemote(r.RemoteAddr) {
 		writeJSONError(w, http.StatusForbidden, "this worker answers loopback clients only (no --auth-tokens-file)")
@@ -1347,9 +1351,9 @@ func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusServiceUnavailable, "this member owns no slot right now; ask another member")
 		return
 	}
-	if !m.proxy(w, r, "http://"+a.HTTPAddr(), false) {
+	if !a.serveHosted(w, r) {
 		w.Header().Set("Retry-After", "1")
-		writeJSONError(w, http.StatusServiceUnavailable, "the slot's core did not answer (it is stopping); retry")
+		writeJSONError(w, http.StatusServiceUnavailable, "the slot is stopping; retry")
 	}
 }
 
@@ -1427,8 +1431,7 @@ func (m *memberRun) checkLegacy(ctx context.Context) error {
 	if !strings.HasPrefix(name, prefix) || err != nil || idx < 0 || idx >= m.n {
 		return refuse(fmt.Sprintf("following the changelog %s, not one of the %d slots' (%s<i>)", name, m.n, prefix))
 	}
-	a := &App{cfg: m.coreConfig(idx), log: m.log, nc: m.nc}
-	cl, err := a.openChangelog(ctx)
+	cl, err := openChangelog(ctx, m.nc, m.coreConfig(idx), m.log, nil, func(string) {})
 	if err != nil || cl == nil {
 		return errors.Join(err, ctx.Err())
 	}

@@ -482,3 +482,22 @@ func TestDuplicateMemberIDExits(t *testing.T) {
 	}
 	a.settledOn(t, "a")
 }
+
+// TestMemberHoldsOneNATSConnection: a member's slots share the process's
+// NATS connection (issue 30: 20 client connections for 3 members of 16
+// slots): one member owning both slots holds one connection, however
+// many slots it runs.
+func TestMemberHoldsOneNATSConnection(t *testing.T) {
+	ns := testnats.Start(t)
+	m0 := startMember(t, ns, "m0")
+	m0.settledOn(t, "m0") // both slots owned and serving
+	if n := ns.NumClients(); n != 1 {
+		var names []string
+		if cz, err := ns.Connz(nil); err == nil {
+			for _, c := range cz.Conns {
+				names = append(names, c.Name)
+			}
+		}
+		t.Fatalf("the member holds %d NATS connections (%v), want 1", n, names)
+	}
+}
