@@ -75,7 +75,7 @@
 #
 # Ports (loopback only, PROM_PORT_BASE, default 25222): cluster NATS +0..2,
 # routes +2000..2002, members' HTTP +4000..4002; the single worker's NATS
-# +10, HTTP +4010; Prometheus +5000. They must be free. About 2-3 minutes
+# +10, HTTP +4010; Prometheus +5000. They must be free. About 3-4 minutes
 # on 2 cores (the builds are cached after the first run).
 set -euo pipefail
 
