@@ -127,6 +127,11 @@ type memberRun struct {
 	// ended: why a slot run that ended on its own did (m.mu; /readyz
 	// until it starts again).
 	ended map[int]string
+	// events: the group's changes this member saw, oldest first, the
+	// newest eventsKept (m.mu; /v1/partitions, the status page);
+	// sawMembers: the members were read once (noteMembership).
+	events     []MemberEvent
+	sawMembers bool
 }
 
 // slotRun is a slot running on this member, as owner or standby.
@@ -443,11 +448,78 @@ func (m *memberRun) step(ctx context.Context) error {
 			m.moves.Add(1)
 		}
 	}
+	prev := m.members
 	m.assign, m.members = cur, members
+	events := m.noteMembership(prev, members, time.Now())
 	m.mu.Unlock()
+	for _, e := range events {
+		if e.Kind == "expired" {
+			m.log.Warn("member: "+e.What, "other", e.Member)
+		} else {
+			m.log.Info("member: "+e.What, "other", e.Member)
+		}
+	}
 	m.reconcile(cur, members)
 	m.logSlowStarts()
 	return nil
+}
+
+// MemberEvent is a change of the group this member saw: another member
+// joined, left (SIGTERM: its record said leaving) or expired (its record's
+// TTL ran out: killed, paused or cut off from NATS).
+type MemberEvent struct {
+	At     time.Time `json:"at"`
+	Member string    `json:"member"`
+	Kind   string    `json:"kind"` // joined, left, expired
+	What   string    `json:"what"`
+}
+
+// eventsKept is how many group changes a member remembers (/v1/partitions).
+const eventsKept = 50
+
+// noteMembership records how the group changed between two reads of the
+// members (m.mu held) and returns the new events. The first read is not
+// a change: every member there was already in the group.
+func (m *memberRun) noteMembership(prev, cur []member.Member, now time.Time) []MemberEvent {
+	if !m.sawMembers {
+		m.sawMembers = true
+		return nil
+	}
+	was := map[string]member.Member{}
+	for _, mm := range prev {
+		was[mm.ID] = mm
+	}
+	is := map[string]bool{}
+	var out []MemberEvent
+	for _, mm := range cur {
+		is[mm.ID] = true
+		if _, ok := was[mm.ID]; !ok && mm.ID != m.id {
+			out = append(out, MemberEvent{At: now, Member: mm.ID, Kind: "joined", What: fmt.Sprintf("%s joined the group (%s)", mm.ID, mm.URL)})
+		}
+	}
+	for _, mm := range prev {
+		if is[mm.ID] || mm.ID == m.id {
+			continue
+		}
+		var owned []int
+		for _, a := range m.assign {
+			if a.Prev == mm.ID || a.Owner == mm.ID {
+				owned = append(owned, a.Slot)
+			}
+		}
+		e := MemberEvent{At: now, Member: mm.ID, Kind: "expired",
+			What: fmt.Sprintf("%s expired: no renewal since %s (TTL %s): killed, paused or cut off from NATS; its slots %v move to the others",
+				mm.ID, mm.Renewed.UTC().Format(time.RFC3339), m.cfg.Member.TTL, owned)}
+		if mm.Leaving {
+			e.Kind, e.What = "left", fmt.Sprintf("%s left the group (SIGTERM; its slots were handed off)", mm.ID)
+		}
+		out = append(out, e)
+	}
+	m.events = append(m.events, out...)
+	if n := len(m.events); n > eventsKept {
+		m.events = append([]MemberEvent(nil), m.events[n-eventsKept:]...)
+	}
+	return out
 }
 
 // leaseLost says why this member may no longer answer reads from its
@@ -1095,6 +1167,7 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 		byID[mm.ID] = mm
 		ms = append(ms, map[string]any{"id": mm.ID, "url": mm.URL, "leaving": mm.Leaving, "renewed": mm.Renewed, "started": mm.Started})
 	}
+	events := append([]MemberEvent{}, m.events...)
 	views := make([]SlotView, 0, len(m.assign))
 	owned := []int{}
 	for _, a := range m.assign {
@@ -1136,7 +1209,7 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{
 		"mode": "dynamic", "member": m.id, "partitions": m.cfg.Partitions, "replicas": m.n, "slots": m.n,
 		"owned": owned, "rule": fmt.Sprintf("slot = partition %% %d; each slot's owner, epoch and standbys are in the KV bucket %s", m.n, member.OwnersBucket(m.n)),
-		"members": ms, "assignments": views,
+		"members": ms, "assignments": views, "events": events,
 	})
 }
 

@@ -501,3 +501,40 @@ func TestMemberHoldsOneNATSConnection(t *testing.T) {
 		t.Fatalf("the member holds %d NATS connections (%v), want 1", n, names)
 	}
 }
+
+// TestMembershipEvents: a member says when another joins, leaves (its
+// record said leaving) or expires (its record vanished without leaving),
+// naming the slots an expired member held; the first read of the group
+// is no change.
+func TestMembershipEvents(t *testing.T) {
+	m := &memberRun{id: "m0", cfg: Config{Member: MemberConfig{TTL: 6 * time.Second}}}
+	now := time.Now()
+	m0 := member.Member{ID: "m0", URL: "http://a"}
+	m1 := member.Member{ID: "m1", URL: "http://b", Renewed: now.Add(-7 * time.Second)}
+	m2 := member.Member{ID: "m2", URL: "http://c"}
+	if ev := m.noteMembership(nil, []member.Member{m0, m1}, now); len(ev) != 0 {
+		t.Fatalf("first read: %+v, want no events", ev)
+	}
+	if ev := m.noteMembership([]member.Member{m0, m1}, []member.Member{m0, m1, m2}, now); len(ev) != 1 || ev[0].Kind != "joined" || ev[0].Member != "m2" {
+		t.Fatalf("m2 joined: %+v", ev)
+	}
+	m.assign = []member.Assignment{{Slot: 0, Owner: "m0", Prev: "m1"}, {Slot: 1, Owner: "m2"}}
+	ev := m.noteMembership([]member.Member{m0, m1, m2}, []member.Member{m0, m2}, now)
+	if len(ev) != 1 || ev[0].Kind != "expired" || ev[0].Member != "m1" || !strings.Contains(ev[0].What, "[0]") {
+		t.Fatalf("m1 expired: %+v", ev)
+	}
+	leaving := m2
+	leaving.Leaving = true
+	if ev := m.noteMembership([]member.Member{m0, leaving}, []member.Member{m0}, now); len(ev) != 1 || ev[0].Kind != "left" {
+		t.Fatalf("m2 left: %+v", ev)
+	}
+	if len(m.events) != 3 {
+		t.Fatalf("kept %d events, want 3", len(m.events))
+	}
+	for i := 0; i < eventsKept+5; i++ {
+		m.noteMembership([]member.Member{m0}, []member.Member{m0, {ID: fmt.Sprint("x", i)}}, now)
+	}
+	if len(m.events) != eventsKept {
+		t.Fatalf("kept %d events, want the newest %d", len(m.events), eventsKept)
+	}
+}
