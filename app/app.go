@@ -377,6 +377,9 @@ func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options)
 	}
 	qcfg := cfg.queueConfig()
 	qcfg.TracerProvider = a.tracer
+	// A member created the streams before its slots started
+	// (provisionShared): a slot creates its consumer only.
+	qcfg.StreamsProvisioned = cfg.slotCore
 	pub, err := queue.NewPublisher(a.nc, qcfg)
 	if err != nil {
 		return err
@@ -563,7 +566,12 @@ func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
 				next.Run(res)
 			}
 		},
-		Finished: next.Finished,
+		Finished: func(e *storage.JournalEntry, rc storage.Receipt, err error) {
+			a.uiJournalFinished(e, rc, err) // the status page's recently finished journals
+			if next.Finished != nil {
+				next.Finished(e, rc, err)
+			}
+		},
 		Applying: func(e *storage.JournalEntry, applying bool) {
 			Applying(applying)
 			if next.Applying != nil {
@@ -931,7 +939,8 @@ func tlsConfig(c Config) (*tls.Config, error) {
 	return tc, nil
 }
 
-// slotProvisionMu serialises the provisioning of a member's slot cores.
+// slotProvisionMu serialises the provisioning of a member's slot cores
+// and of the streams they share (memberRun.provisionShared).
 var slotProvisionMu sync.Mutex
 
 // provision creates the streams and consumer, retrying while NATS is
@@ -943,8 +952,9 @@ func (a *App) provision(ctx context.Context) error {
 		if a.nc.IsConnected() {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			if a.cfg.slotCore {
-				// A member's cores provision one at a time: the streams
-				// are shared, and nats-server v2.15 races (go test -race,
+				// A member's cores create their consumers one at a time,
+				// and never while a member of this process provisions the
+				// streams: nats-server v2.15 races (go test -race,
 				// embedded) between a stream's config update and a
 				// consumer's creation on it.
 				slotProvisionMu.Lock()

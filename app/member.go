@@ -358,7 +358,9 @@ func (m *memberRun) provisionShared(ctx context.Context) error {
 		octx, cancel := context.WithTimeout(ctx, 4*time.Second)
 		_, err := partition.OpenCheckpoints(octx, m.js, c.checkpointConfig())
 		if err == nil {
+			slotProvisionMu.Lock() // see provision
 			err = queue.ProvisionStreams(octx, m.js, c.queueConfig())
+			slotProvisionMu.Unlock()
 		}
 		cancel()
 		if err == nil {

@@ -19,6 +19,12 @@ type Config struct {
 	// so that it may keep no duplicate window (see Provision). Default
 	// <ReqStream>_NODEDUP.
 	NoDedupStream string
+	// StreamsProvisioned: the caller created the streams already
+	// (ProvisionStreams, once for a member's many slots): Provision
+	// creates only the consumer, and the streams only if one is missing.
+	// Every stream update is a round of the cluster's meta group: 16
+	// slots updating 4 unchanged streams each delayed a first start.
+	StreamsProvisioned bool
 	// Partitions is P, the partition count of the request stream, fixed at
 	// install. Default 1.
 	Partitions int

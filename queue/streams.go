@@ -43,8 +43,10 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	if c.Owner.Index == 0 {
 		filters = append(filters, c.Prefix+".req.*")
 	}
-	if err := ProvisionStreams(ctx, js, c); err != nil {
-		return nil, err
+	if !c.StreamsProvisioned {
+		if err := ProvisionStreams(ctx, js, c); err != nil {
+			return nil, err
+		}
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:        c.ConsumerName(),
@@ -61,6 +63,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	if c.StreamsProvisioned && errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Deleted since the caller created it: create them again.
+		if err := ProvisionStreams(ctx, js, c); err != nil {
+			return nil, err
+		}
+		cons, err = js.CreateOrUpdateConsumer(ctx, c.ReqStream, cc)
+	}
 	if consumerNotUnique(err) {
 		// A replica count change leaves consumers of replicas that no longer
 		// exist holding partitions; remove those (index >= N) and retry.
