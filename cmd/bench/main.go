@@ -51,6 +51,10 @@ type options struct {
 	// that fsyncs every write (what the embedded server does with the
 	// changelog on).
 	changelogSyncAlways bool
+	// read_member phase: slots of the group, readers, time per target.
+	memberSlots     int
+	readConcurrency int
+	readDuration    time.Duration
 
 	// child modes (hidden)
 	hubChild string // "hub" or "raw"
@@ -130,7 +134,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\", \"erase\", \"erase_changelog\" (erases beside another tenant's puts on stores of --erasure-store-mb, R1, issue 29) and \"erase_changelog_r3\" (the same on a 3-server cluster) are not in the default)")
+	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\", \"erase\", \"erase_changelog\" (erases beside another tenant's puts on stores of --erasure-store-mb, R1, issue 29) \"erase_changelog_r3\" (the same on a 3-server cluster) and \"read_member\" (reads through a member of 3 against a static replica, and NATS connections per member, issue 30) are not in the default)")
 	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
 	erasureMB := fs.String("erasure-store-mb", "", "store sizes of the erase_changelog phases, in MB (default 100,1000; quick 20)")
 	fs.IntVar(&o.erasureCount, "erasure-count", 5, "erases per store size in the erase_changelog phases (after one warm-up erase)")
@@ -143,6 +147,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.waitIdle, "wait-idle", 0, "before each measured phase, wait up to this long for other processes to use < 0.2 cores")
 	fs.StringVar(&o.traceFile, "trace", "", "write a runtime/trace of the small saturation run to this file")
 	fs.BoolVar(&o.changelogSyncAlways, "changelog-sync-always", false, "run small_changelog and mixed_changelog against a NATS server of their own with sync_interval: always (as the embedded server runs with --changelog jetstream)")
+	fs.IntVar(&o.memberSlots, "member-slots", 0, "slots of the read_member phase's group of 3 members (dynamic/N; default 6, quick 3)")
+	fs.IntVar(&o.readConcurrency, "read-concurrency", 16, "concurrent readers of the read_member phase")
+	fs.DurationVar(&o.readDuration, "read-duration", 0, "reads per target of the read_member phase (default 10s, quick 3s)")
 	fs.StringVar(&o.hubChild, "hub-child", "", "internal: run the hub (hub) or raw Pebble (raw) measurement and print JSON")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -161,6 +168,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	def(&o.requests, 60_000, 15_000)
 	def(&o.naiveRequests, 15_000, 5_000)
 	def(&o.hubEdges, 1_000_000, 100_000)
+	def(&o.memberSlots, 6, 3)
+	if o.readDuration <= 0 {
+		o.readDuration = 10 * time.Second
+		if o.quick {
+			o.readDuration = 3 * time.Second
+		}
+	}
+	if o.readConcurrency < 1 {
+		return nil, errors.New("--read-concurrency must be positive")
+	}
 	if o.lightDuration <= 0 {
 		o.lightDuration = 10 * time.Second
 		if o.quick {
@@ -211,11 +228,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase", "erase_changelog", "erase_changelog_r3":
+		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase", "erase_changelog", "erase_changelog_r3", "read_member":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase, erase_changelog, erase_changelog_r3)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase, erase_changelog, erase_changelog_r3, read_member)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -350,6 +367,13 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 		}
 		if err != nil {
 			return rep, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if o.phases["read_member"] {
+		ph, err := runReadMember(ctx, o, pg, filepath.Join(root, "read-member"))
+		rep.ReadMember = ph
+		if err != nil {
+			return rep, fmt.Errorf("read_member: %w", err)
 		}
 	}
 	if o.phases["scaling"] {

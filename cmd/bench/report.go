@@ -65,6 +65,9 @@ type Report struct {
 	Modified         bool          `json:"revision_modified"`
 	Date             string        `json:"date"`
 	TotalSeconds     float64       `json:"total_seconds"`
+
+	// ReadMember is the read_member phase (issue 30 item 8).
+	ReadMember *ReadMemberReport `json:"read_member,omitempty"`
 }
 
 // RateReport is a throughput run.
@@ -256,6 +259,12 @@ func (r *Report) finish(total time.Duration) {
 			r.MixedChangelogP99Ratio = ratio(m.P99ms, r.Mixed.P99ms)
 		}
 	}
+	if m := r.ReadMember; m != nil && m.Static != nil {
+		add("read_member.any_vs_static", &m.AnyVsStatic, false, 0.9, fmt.Sprintf("issue 30: reads/s through member %s of %d against a static replica", m.AnyMember, m.Members))
+		add("read_member.owner_vs_static", &m.OwnerVsStatic, false, 0.9, "issue 30: reads/s at each tenant's owner against a static replica")
+		c := float64(m.MaxConnsPerMember)
+		add("read_member.nats_connections_per_member", &c, true, 2, fmt.Sprintf("issue 30: %d slots", m.Slots))
+	}
 	if r.Hub != nil {
 		v := r.Hub.PeakRSSGrowthMB
 		note := ""
@@ -366,6 +375,7 @@ func printTable(w io.Writer, r *Report) {
 		}
 		tw.Flush()
 	}
+	printReadMember(w, r.ReadMember)
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "target\tvalue\twant\tresult")
