@@ -80,11 +80,26 @@ type Options struct {
 	// what the start is doing until the core is ready, and what it
 	// retries and why (the member's /readyz names a slot still starting).
 	OnStartPhase func(phase string)
+	// Host, set by a dynamic member for its slots' cores, gives the
+	// status page the member's figures and the group.
+	Host *Host
 	// Conn, set by a dynamic member for its slots' cores, is the
 	// process's NATS connection: the core uses it (one connection per
 	// process, not per slot), flushes it when it stops and never closes
 	// it.
 	Conn *nats.Conn
+}
+
+// Host is what a member gives its slots' status page (Options.Host): the
+// figures of the member, whichever of its slots serves the page.
+type Host struct {
+	Started time.Time
+	// RequestCounts is telha_requests_total by status, summed over the
+	// member's slots (a slot that moves away takes its counts with it).
+	RequestCounts func() (map[string]float64, error)
+	// StoreBytes is the size of every copy on the member's disk.
+	StoreBytes func() uint64
+	Group      func() *ui.Group
 }
 
 // App is a running worker.
@@ -104,8 +119,10 @@ type App struct {
 	conn     *natsConn
 	nc       *nats.Conn
 	sharedNC bool
-	worker   *queue.Worker
-	reaper   *reaper.Service
+	// host: Options.Host (nil for a static worker).
+	host   *Host
+	worker *queue.Worker
+	reaper *reaper.Service
 	// changelog is nil with --changelog off (changelog.go).
 	changelog *changelog
 	// slotView, standbyApplied: Options.SlotView, Options.StandbyApplied
@@ -253,7 +270,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 // connection and HTTP servers) or a member's slot (cfg.slotCore: the
 // member's connection, opts.Conn, and no port of its own).
 func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
-	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase,
+	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase, host: opts.Host,
 		nc: opts.Conn, sharedNC: opts.Conn != nil}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -580,6 +581,15 @@ func (r *slotRun) startPhase() string {
 func (m *memberRun) record() member.Member {
 	rec := member.Member{ID: m.id, URL: m.cfg.Member.AdvertiseURL, Leaving: m.leaving.Load(), Started: m.started.UTC(), Incarnation: m.incarnation,
 		Slots: map[int]member.SlotState{}}
+	for _, o := range m.localOwners() {
+		for _, j := range o.app.journals() {
+			if len(rec.Journals) == member.MaxJournalsInRecord {
+				break
+			}
+			rec.Journals = append(rec.Journals, member.JournalRef{Slot: o.i, Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID,
+				State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AgeSeconds: j.AgeSeconds})
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for s, r := range m.slots {
@@ -864,6 +874,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
 	o.Conn = m.nc // one NATS connection per member, not one per slot
+	o.Host = m.host()
 	o.OnReady = func(a *App) {
 		r.served.Store(true)
 		r.app.Store(a)
@@ -1116,10 +1127,96 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 }
 
 // ownerAt is a core whose status is read after m.mu is released, and the
-// index of the row it fills.
+// index of the row it fills (or its slot: localOwners).
 type ownerAt struct {
 	i   int
 	app *App
+}
+
+// localOwners are the serving cores of the slots this member owns, by
+// slot, lowest first.
+func (m *memberRun) localOwners() []ownerAt {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []ownerAt
+	for s := 0; s < m.n; s++ {
+		if r := m.slots[s]; r != nil && r.role == roleOwner && !r.stopping.Load() {
+			if a := r.app.Load(); a != nil {
+				out = append(out, ownerAt{s, a})
+			}
+		}
+	}
+	return out
+}
+
+// host is what the status page of this member's slots shows of the
+// member (Options.Host).
+func (m *memberRun) host() *Host {
+	return &Host{
+		Started: m.started,
+		RequestCounts: func() (map[string]float64, error) {
+			sum := map[string]float64{}
+			for _, o := range m.localOwners() {
+				c, err := o.app.requestCounts()
+				if err != nil {
+					return nil, err
+				}
+				for st, n := range c {
+					sum[st] += n
+				}
+			}
+			return sum, nil
+		},
+		StoreBytes: func() uint64 { return dirSize(filepath.Join(m.cfg.DataDir, "slots")) },
+		Group:      m.group,
+	}
+}
+
+// dirSize is the size of the files under dir (0 when unreadable).
+func dirSize(dir string) uint64 {
+	var n uint64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += uint64(fi.Size())
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// group is the group as this member sees it, for the status page.
+func (m *memberRun) group() *ui.Group {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := &ui.Group{Member: m.id, Owned: []int{},
+		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper are those of the lowest slot it owns."}
+	owns := map[string][]int{}
+	for _, a := range m.assign {
+		if a.Owner != "" {
+			owns[a.Owner] = append(owns[a.Owner], a.Slot)
+		}
+		if a.Owner == m.id {
+			g.Owned = append(g.Owned, a.Slot)
+		}
+	}
+	for _, mm := range m.members {
+		g.Members = append(g.Members, ui.MemberRow{ID: mm.ID, URL: mm.URL, Here: mm.ID == m.id, Leaving: mm.Leaving,
+			Owns: fmt.Sprint(owns[mm.ID]), Started: mm.Started, Renewed: mm.Renewed})
+		if mm.ID == m.id {
+			continue
+		}
+		for _, j := range mm.Journals {
+			g.Journals = append(g.Journals, ui.GroupJournal{Slot: j.Slot, Member: mm.ID, Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID,
+				State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AsOf: mm.Renewed})
+		}
+	}
+	for i := len(m.events) - 1; i >= 0; i-- {
+		e := m.events[i]
+		g.Events = append(g.Events, ui.EventRow{At: e.At, Kind: e.Kind, What: e.What})
+	}
+	return g
 }
 
 // ownerApplied is the applied sequence slot s's owner last reported

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/partition"
@@ -47,20 +48,28 @@ func startMemberIn(t *testing.T, ns *testnats.Server, id, dir string, standbys i
 // startMemberURL is startMemberIn against the NATS server at url.
 func startMemberURL(t *testing.T, url, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
 	t.Helper()
+	opts := Options{}
+	if len(onReady) > 0 {
+		opts.OnReady = onReady[0]
+	}
+	return startMemberOpts(t, url, id, dir, standbys, opts)
+}
+
+// startMemberOpts is startMemberURL with opts and more flags (given last:
+// they override the defaults).
+func startMemberOpts(t *testing.T, url, id, dir string, standbys int, opts Options, flags ...string) *memberUnderTest {
+	t.Helper()
 	addr := testnats.FreeAddr(t)
-	cfg, err := ParseFlags([]string{"--data-dir", dir, "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", url,
+	cfg, err := ParseFlags(append([]string{"--data-dir", dir, "--http-addr", addr, "--advertise-url", "http://" + addr, "--nats-url", url,
 		"--partitions", "4", "--partition-owner", "dynamic/2", "--changelog", "jetstream", "--member-id", id, "--member-ttl", "2s",
 		"--standbys", fmt.Sprint(standbys), "--auth", "off", "--reaper-schedule", "@every 1h", "--checkpoint-schedule", "@every 1h", "--shutdown-grace", "10s"},
+		flags...),
 		func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &memberUnderTest{id: id, base: "http://" + addr, cancel: cancel, done: make(chan error, 1)}
-	opts := Options{}
-	if len(onReady) > 0 {
-		opts.OnReady = onReady[0]
-	}
 	go func() { m.done <- Run(ctx, cfg, testLog, opts) }()
 	t.Cleanup(func() {
 		cancel()
@@ -537,4 +546,70 @@ func TestMembershipEvents(t *testing.T) {
 	if len(m.events) != eventsKept {
 		t.Fatalf("kept %d events, want the newest %d", len(m.events), eventsKept)
 	}
+}
+
+// TestGroupStatusPage: the status page of any member shows the whole
+// group (issue 30 item 6): its members, whose figures the page shows, and
+// a journal in flight on another member's slot.
+func TestGroupStatusPage(t *testing.T) {
+	ns := testnats.Start(t)
+	hold, opts := newChunkHold()
+	m0 := startMember(t, ns, "m0")
+	m0.settledOn(t, "m0")
+	startMemberOpts(t, ns.ClientURL(), "m1", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
+	v := m0.settledOn(t, "m0", "m1")
+	var slot1 int
+	for _, a := range v.Assignments {
+		if a.Owner == "m1" {
+			slot1 = a.Slot
+		}
+	}
+	tenant := ""
+	for i := 0; tenant == ""; i++ {
+		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == slot1 {
+			tenant = c
+		}
+	}
+	bus := newBus(t, ns)
+	hub := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(hub))))
+	for i := 0; i < 3*cascade.MinMaxBatchOps; i++ {
+		spoke := uuid.NewString()
+		mustOK(t, bus.wait(bus.send(tenant, node(spoke))))
+		mustOK(t, bus.wait(bus.send(tenant, edge(uuid.NewString(), hub, spoke))))
+	}
+	hold.arm()
+	del := bus.send(tenant, tombNode(hub))
+	select {
+	case <-hold.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cascade was not journaled on m1")
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(hold.release)
+		}
+	}()
+	get := func(path string) string {
+		resp, err := http.Get(m0.base + path)
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	testnats.Eventually(t, 20*time.Second, "m0's journals page lists the journal on m1's slot", func() bool {
+		return strings.Contains(get("/ui/journals"), fmt.Sprintf(`class="group-journal" data-node="%s" data-slot="%d"`, hub, slot1))
+	})
+	page := get("/ui/")
+	for _, want := range []string{`id="members"`, `data-member="m0"`, `data-member="m1"`, "m0 (this one)", `id="member-id">m0<`, "The figures above are this member"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("m0's overview lacks %q", want)
+		}
+	}
+	close(hold.release)
+	released = true
+	mustOK(t, bus.wait(del))
 }

@@ -27,12 +27,23 @@ import (
 func (a *App) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
-	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}, progress: ui.NewProgress()}
-	smp.rates.add(started, map[string]float64{}) // every counter starts at 0
+	counts, size := a.requestCounts, a.store.Engine().DiskUsage
+	var group func() *ui.Group
+	if h := a.host; h != nil {
+		// A member's page: the member's figures (every slot it runs),
+		// whichever of its slots serves the page.
+		started, counts, size, group = h.Started, h.RequestCounts, h.StoreBytes, h.Group
+	}
+	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}, progress: ui.NewProgress(), counts: counts}
+	base, err := counts()
+	if err != nil || a.host == nil {
+		base = map[string]float64{} // a worker's counters start at 0
+	}
+	smp.rates.add(time.Now(), base)
 	go smp.run(a.httpCtx, a)
 	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
 	h := ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
-		DeadLetters: dlq, Pause: a.worker, Progress: smp.progress,
+		DeadLetters: dlq, Pause: a.worker, Progress: smp.progress, Group: group,
 		Results: client.ResultStream{JS: a.worker.JetStream(), Stream: qc.ResStream, Prefix: qc.Prefix},
 		Finished: func() []ui.FinishedJournal {
 			smp.history.observe(a, time.Now()) // what finished since the last tick, too
@@ -43,6 +54,9 @@ func (a *App) uiHandler() http.Handler {
 				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
 			if a.slotView != nil {
 				o.Slots = a.slotView()
+			}
+			if group != nil && p.Sees("*") {
+				o.Group = group()
 			}
 			if !p.Sees("*") {
 				// A token of some tenants: their journals and dead letters
@@ -66,7 +80,7 @@ func (a *App) uiHandler() http.Handler {
 			if o.NATSOK {
 				o.NATS = "connected to " + RedactURLs(a.nc.ConnectedUrl())
 			}
-			if counts, err := a.requestCounts(); err == nil {
+			if counts, err := counts(); err == nil {
 				// Rates over the last minute, from the sampler's ring (a
 				// sample every 5 s): against the sample nearest a minute
 				// ago; since start while the worker is younger.
@@ -76,6 +90,9 @@ func (a *App) uiHandler() http.Handler {
 				o.RateWindow = "minute"
 				if since < 55*time.Second {
 					o.RateWindow, o.RateNote = since.Round(time.Second).String(), "since the worker started"
+					if a.host != nil {
+						o.RateNote = "since this slot began serving the page"
+					}
 				}
 				var total, baseTotal float64
 				for st, n := range counts {
@@ -120,7 +137,7 @@ func (a *App) uiHandler() http.Handler {
 			if free, err := a.store.DiskFree(); err == nil {
 				o.DiskFree = ui.Bytes(free)
 			}
-			o.StoreSize = ui.Bytes(a.store.Engine().DiskUsage())
+			o.StoreSize = ui.Bytes(size())
 			return o
 		},
 	})
@@ -184,6 +201,9 @@ type uiSampler struct {
 	rates    *rateWindow
 	history  *journalHistory
 	progress *ui.Progress // the journals' progress, for their rate and ETA
+	// counts is telha_requests_total by status: the worker's, or the
+	// member's (every slot it runs: Host.RequestCounts).
+	counts func() (map[string]float64, error)
 }
 
 // rateEvery is the rate ring's sampling period.
@@ -200,7 +220,7 @@ func (s *uiSampler) run(ctx context.Context, a *App) {
 		case now := <-t.C:
 			s.progress.Observe(now, s.history.observe(a, now))
 			if now.Sub(last) >= rateEvery-100*time.Millisecond {
-				if counts, err := a.requestCounts(); err == nil {
+				if counts, err := s.counts(); err == nil {
 					s.rates.add(now, counts)
 					last = now
 				}

@@ -35,6 +35,25 @@ type Member struct {
 	Incarnation string            `json:"incarnation,omitempty"`
 	Renewed     time.Time         `json:"renewed"`
 	Slots       map[int]SlotState `json:"slots,omitempty"`
+	// Journals: the journals in flight on the slots it owns, as of its
+	// last renewal, oldest first, at most MaxJournalsInRecord (every
+	// member's status page lists the group's).
+	Journals []JournalRef `json:"journals,omitempty"`
+}
+
+// MaxJournalsInRecord bounds Member.Journals (a record stays small).
+const MaxJournalsInRecord = 20
+
+// JournalRef is a journal in flight on a member's slot.
+type JournalRef struct {
+	Slot       int     `json:"slot"`
+	Tenant     string  `json:"tenant"`
+	NodeID     string  `json:"node_id"`
+	RequestID  string  `json:"request_id,omitempty"`
+	State      string  `json:"state"`
+	EdgesDone  int64   `json:"edges_done"`
+	EdgesTotal uint64  `json:"edges_total"`
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 // Assignment is one slot's entry in TELHA_OWNERS_<N>.

@@ -82,7 +82,54 @@ type Overview struct {
 	// Slots: with --partition-owner dynamic, every slot of the group as
 	// this member sees it (empty in the static layout).
 	Slots []SlotRow
+	// Group: with --partition-owner dynamic, the members and the group's
+	// recent changes (nil in the static layout).
+	Group *Group
 	Build string
+}
+
+// Group is a dynamic group as the member serving the page sees it.
+type Group struct {
+	Member string // this member's id
+	Owned  []int  // the slots it owns now
+	// FiguresOf says whose the overview's figures are (the member's
+	// slots' requests, its uptime, its copies' size).
+	FiguresOf string
+	Members   []MemberRow
+	Events    []EventRow // newest first
+	// Journals: in flight on the other members' slots, as of their last
+	// renewal (this member's own are the page's live rows).
+	Journals []GroupJournal
+}
+
+// MemberRow is one member of the group.
+type MemberRow struct {
+	ID, URL string
+	Here    bool // the member serving this page
+	Leaving bool
+	Owns    string // its slots, as owner
+	Started time.Time
+	Renewed time.Time
+}
+
+// EventRow is one change of the group a member saw.
+type EventRow struct {
+	At   time.Time
+	Kind string // joined, left, expired
+	What string
+}
+
+// GroupJournal is a journal in flight on another member's slot.
+type GroupJournal struct {
+	Slot       int
+	Member     string
+	Tenant     string
+	NodeID     string
+	RequestID  string
+	State      string
+	EdgesDone  int64
+	EdgesTotal uint64
+	AsOf       time.Time
 }
 
 // SlotRow is one slot of a dynamic group on the overview.
@@ -121,7 +168,10 @@ type Options struct {
 	// Progress is the journals' progress sampled by the worker (nil: the
 	// page samples it at each view), for their rate and ETA.
 	Progress *Progress
-	Logger   *slog.Logger
+	// Group is the dynamic group (nil in the static layout): the
+	// journals page lists the other members' journals from it.
+	Group  func() *Group
+	Logger *slog.Logger
 }
 
 type server struct {
@@ -348,6 +398,10 @@ type journalRow struct {
 type journalsData struct {
 	Rows     []journalRow
 	Finished []FinishedJournal
+	// Group: a member's page; Others: the journals in flight on the other
+	// members' slots (as of their last renewal).
+	Group  bool
+	Others []GroupJournal
 }
 
 func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principal, pg *page, _ *session) {
@@ -381,10 +435,20 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 			rows = append(rows, row)
 		}
 	}
-	if len(rows) > 0 {
+	d.Rows = rows
+	if s.o.Group != nil {
+		if g := s.o.Group(); g != nil {
+			d.Group = true
+			for _, j := range g.Journals {
+				if p.Sees(j.Tenant) {
+					d.Others = append(d.Others, j)
+				}
+			}
+		}
+	}
+	if len(rows) > 0 || len(d.Others) > 0 {
 		pg.Refresh = 1
 	}
-	d.Rows = rows
 	if s.o.Finished != nil {
 		for _, f := range s.o.Finished() {
 			if p.Sees(f.Tenant) {
