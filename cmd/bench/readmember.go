@@ -52,7 +52,7 @@ import (
 // address, one member's ("any": about (slots-owned)/slots of its reads are
 // forwarded to the owner's member over HTTP) and, per read, the member
 // that owns the tenant's slot ("owner": every read local). The duration is
-// cut into slices run in turn (A, any, owner, A, ...), so a disturbance of
+// cut into slices run in turn (A, any, owner; any, owner, A; ...), so a disturbance of
 // the machine falls on all three alike. Reads never touch NATS: A's R1
 // server and B's cluster differ only in what the writes (the load) cost.
 //
@@ -92,6 +92,14 @@ type ReadMemberReport struct {
 	AnyP99VsStatic   float64 `json:"any_p99_vs_static"`
 	OwnerVsStatic    float64 `json:"owner_vs_static"`
 	OwnerP99VsStatic float64 `json:"owner_p99_vs_static"`
+	// SliceAnyVsStatic and SliceOwnerVsStatic: the reads/s ratios of each
+	// slice (one slice of every target, run back to back), and their
+	// medians: less moved by a burst of other work on the machine than the
+	// ratios of the totals.
+	SliceAnyVsStatic         []float64 `json:"slice_any_vs_static"`
+	SliceOwnerVsStatic       []float64 `json:"slice_owner_vs_static"`
+	MedianSliceAnyVsStatic   float64   `json:"median_slice_any_vs_static"`
+	MedianSliceOwnerVsStatic float64   `json:"median_slice_owner_vs_static"`
 
 	Connections       []memberConns `json:"connections"`
 	MaxConnsPerMember int           `json:"max_nats_connections_per_member"`
@@ -188,7 +196,7 @@ func (d *rmData) nodes() int {
 	return n
 }
 
-// edgeOf is node i's k-th out-edge (k 0 or 1): to node i+1 and i+3.
+// edgeDst is the destination of node i's k-th out-edge (k 0 or 1): to node i+1 and i+3.
 func edgeDst(i, k, n int) int { return (i + 1 + 2*k) % n }
 
 // loadReadData puts d through the queue at url: every node, every result
@@ -446,7 +454,9 @@ type readAcc struct {
 }
 
 // readFor reads through tgt with conc goroutines for d.
-func readFor(ctx context.Context, hc *http.Client, data *rmData, tgt rmTarget, conc int, d time.Duration, acc *readAcc) {
+// It returns the reads/s of this run.
+func readFor(ctx context.Context, hc *http.Client, data *rmData, tgt rmTarget, conc int, d time.Duration, acc *readAcc) float64 {
+	n0 := len(acc.samples)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	stop := time.Now().Add(d)
@@ -515,6 +525,7 @@ func readFor(ctx context.Context, hc *http.Client, data *rmData, tgt rmTarget, c
 	acc.seconds += secs
 	acc.procSec += u.Process * secs
 	acc.othSec += u.Others * secs
+	return float64(len(acc.samples)-n0) / secs
 }
 
 func latOf(ns []int64, total int) *latStats {
@@ -577,7 +588,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		perPartition, nodesPerTenant = 4, 40
 	}
 	data := makeReadData(partitions, slots, perPartition, nodesPerTenant)
-	slices_ := 5
+	slices_ := 10
 	if o.quick {
 		slices_ = 3
 	}
@@ -760,15 +771,47 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		accs[i] = &readAcc{cores: runtime.NumCPU()}
 	}
 	slice := o.readDuration / time.Duration(slices_)
-	for range slices_ {
-		for i, tgt := range targets {
-			readFor(ctx, hc, data, tgt, o.readConcurrency, slice, accs[i])
+	for k := range slices_ {
+		var rate [3]float64
+		for j := range targets { // each slice starts at another target
+			i := (k + j) % len(targets)
+			rate[i] = readFor(ctx, hc, data, targets[i], o.readConcurrency, slice, accs[i])
+		}
+		if rate[0] > 0 {
+			rep.SliceAnyVsStatic = append(rep.SliceAnyVsStatic, round3(rate[1]/rate[0]))
+			rep.SliceOwnerVsStatic = append(rep.SliceOwnerVsStatic, round3(rate[2]/rate[0]))
 		}
 	}
+	median := func(xs []float64) float64 {
+		if len(xs) == 0 {
+			return 0
+		}
+		ys := slices.Clone(xs)
+		slices.Sort(ys)
+		if len(ys)%2 == 1 {
+			return ys[len(ys)/2]
+		}
+		return round3((ys[len(ys)/2-1] + ys[len(ys)/2]) / 2)
+	}
+	rep.MedianSliceAnyVsStatic, rep.MedianSliceOwnerVsStatic = median(rep.SliceAnyVsStatic), median(rep.SliceOwnerVsStatic)
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
 	}
 	rep.Static, rep.Any, rep.Owner = accs[0].stats("static", false), accs[1].stats("any", true), accs[2].stats("owner", false)
+	if o.profileDir != "" {
+		// Outside the figures: CPU profiles of reads through each target
+		// alone (go tool pprof -top read_member_any.cpu.pprof).
+		for _, tgt := range targets {
+			prof, err := startProfile(o.profileDir, "read_member_"+tgt.name)
+			if err != nil {
+				return rep, err
+			}
+			readFor(ctx, hc, data, tgt, o.readConcurrency, max(slice, 3*time.Second), &readAcc{cores: runtime.NumCPU()})
+			if err := prof.stop(); err != nil {
+				return rep, err
+			}
+		}
+	}
 	if err := count(func(c *memberConns, n int, subs uint32) { c.AfterReads, c.Subscriptions = n, subs }); err != nil {
 		return rep, err
 	}
@@ -794,6 +837,8 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		pg.printf("read_member: through %s (owns slots %v): local %.0f%% p50 %.2f p99 %.2f ms; forwarded %.0f%% p50 %.2f p99 %.2f ms",
 			anyID, rep.AnyOwns, 100*l.Share, l.P50ms, l.P99ms, 100*f.Share, f.P50ms, f.P99ms)
 	}
+	pg.printf("read_member: slice by slice, any/static %v (median %.3f), owner/static %v (median %.3f)",
+		rep.SliceAnyVsStatic, rep.MedianSliceAnyVsStatic, rep.SliceOwnerVsStatic, rep.MedianSliceOwnerVsStatic)
 	pg.printf("read_member: any/static %.3f (p99 x%.2f), owner/static %.3f (p99 x%.2f); NATS connections per member %s, max %d; the static replica %d",
 		rep.AnyVsStatic, rep.AnyP99VsStatic, rep.OwnerVsStatic, rep.OwnerP99VsStatic, connsLine(rep.Connections), rep.MaxConnsPerMember, rep.StaticConns)
 	if rep.Static.Errors+rep.Any.Errors+rep.Owner.Errors > 0 {
@@ -837,6 +882,8 @@ func printReadMember(w io.Writer, r *ReadMemberReport) {
 	}
 	row("B: the tenant's owner", r.Owner, r.OwnerVsStatic, r.OwnerP99VsStatic)
 	tw.Flush()
+	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f)\n",
+		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic)
 	fmt.Fprintf(w, "NATS client connections per member (owner of / standby of): ")
 	for i, c := range r.Connections {
 		if i > 0 {
