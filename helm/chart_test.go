@@ -589,6 +589,7 @@ func TestServiceMonitorAndNetworkPolicy(t *testing.T) {
 // --- alerts ---------------------------------------------------------------
 
 var requiredAlerts = []string{
+	"TelhaWorkerDown",
 	"TelhaJournalStuck",
 	"TelhaReaperNotSucceeding",
 	"TelhaDeadLettersIncreasing",

@@ -27,8 +27,14 @@
 //     static without the changelog straight to dynamic, back to static
 //     only with the changelog and one replica per slot;
 //   - every alert expression and dashboard query parses as PromQL and uses
-//     only metric names the worker exports; every alert links its own
-//     section of docs/RUNBOOK.md (#<alert name in lower case>);
+//     only metric names the worker exports (and Prometheus's own up);
+//     every alert links its own section of docs/RUNBOOK.md (#<alert name
+//     in lower case>);
+//   - TelhaWorkerDown and TelhaConsumerBacklogGrowing
+//     (worker_alerts_test.go): their expressions with replicaCount, the
+//     backlog's window and the values' for/severity; the alert selector
+//     is what the chart's ServiceMonitor gives up (job = the one Service
+//     it selects, the release's namespace, no relabelling);
 //   - the dynamic-mode alerts (dynamic_alerts_test.go):
 //     TelhaSlotWithoutOwner and TelhaStandbyLagging with their
 //     expressions and values' for/severity/threshold, only with

@@ -62,9 +62,17 @@ var workerMetrics = map[string]string{
 	"telha_partition_fence_claims_total":     "counter",
 }
 
-// knownMetric reports whether name is exported by the worker.
+// prometheusMetrics are the series Prometheus writes itself for every
+// scrape target (TelhaWorkerDown reads up: with no worker up, nothing the
+// workers export is there to alert on).
+var prometheusMetrics = map[string]bool{
+	"up": true,
+}
+
+// knownMetric reports whether name is exported by the worker (or written
+// by Prometheus for its target).
 func knownMetric(name string) bool {
-	if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+	if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") || prometheusMetrics[name] {
 		return true
 	}
 	if _, ok := workerMetrics[name]; ok {

@@ -129,6 +129,10 @@ func TestSchemaRejects(t *testing.T) {
 		{"unknown key in the slot-owner alert", []string{"--set", "prometheusRule.alerts.slotWithoutOwner.threshold=0"}, "additional properties"},
 		{"standby-lag threshold not a number", []string{"--set", "prometheusRule.alerts.standbyLagging.threshold=lots"}, ""},
 		{"negative standby-lag threshold", []string{"--set", "prometheusRule.alerts.standbyLagging.threshold=-1"}, ""},
+		{"unknown key in the worker-down alert", []string{"--set", "prometheusRule.alerts.workerDown.threshold=1"}, "additional properties"},
+		{"worker-down for not a duration", []string{"--set", "prometheusRule.alerts.workerDown.for=soon"}, ""},
+		{"backlog window not a duration", []string{"--set", "prometheusRule.alerts.backlogGrowing.window=15"}, ""},
+		{"backlog window zero", []string{"--set", "prometheusRule.alerts.backlogGrowing.window=0s"}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,6 +161,7 @@ func TestSchemaRejects(t *testing.T) {
 		"goMemLimit=1500MiB",
 		"prometheusRule.enabled=true,prometheusRule.alerts.oldestPending.ageSeconds=60,prometheusRule.alerts.resultsParked.enabled=false",
 		"prometheusRule.enabled=true,prometheusRule.alerts.standbyLagging.threshold=500,prometheusRule.alerts.slotWithoutOwner.for=5m",
+		"prometheusRule.enabled=true,prometheusRule.alerts.workerDown.for=10m,prometheusRule.alerts.workerDown.severity=warning,prometheusRule.alerts.backlogGrowing.window=10m",
 	} {
 		if _, stderr, err := helm(templateArgs("--set", valid)...); err != nil {
 			t.Errorf("a valid --set %s failed: %v\n%s", valid, err, stderr)

@@ -8,10 +8,10 @@
 # promtool; installed with apt-get when missing). Exits non-zero when a
 # check fails. Steps:
 #
-#  1. The chart's PrometheusRule, rendered with the chart's defaults
-#     (helm template, the Helm binary helm/ci.sh builds and caches) and
-#     turned into a plain rules file (helm/prom/promcheck rules):
-#     `promtool check rules`, then `promtool test rules` with
+#  1. The chart's PrometheusRule, rendered with the chart's defaults but
+#     three replicas (helm template, the Helm binary helm/ci.sh builds and
+#     caches) and turned into a plain rules file (helm/prom/promcheck
+#     rules): `promtool check rules`, then `promtool test rules` with
 #     helm/prom/rules_test.yaml, which makes every alert fire on recorded
 #     series (its labels and annotations checked in full) and stay quiet
 #     on healthy ones.
@@ -19,10 +19,14 @@
 #     "single") and a cluster of three NATS servers and three members with
 #     --partition-owner dynamic/4 (namespace "cluster"), scraped every
 #     second by a real Prometheus that loads the chart's rules rendered
-#     for each namespace with helm/prom/live-values.yaml: the same
+#     for each namespace with helm/prom/live-values.yaml (single: static
+#     ownership, one replica; cluster: dynamic, three): the same
 #     expressions, with `for`, windows and thresholds shortened to seconds
 #     (so an induced condition fires, and a removed one resolves, within
-#     the run). Then:
+#     the run). Its targets come from files (file_sd), one per namespace,
+#     with the labels the chart's ServiceMonitor gives them (job = the
+#     Service's name, namespace, pod), so that a pod can also "go away"
+#     (its target removed, as when it is deleted or Pending). Then:
 #       - after some load, every dashboard panel's query (Grafana's
 #         variables as "All", $__rate_interval as 1m) and every alert's
 #         expression is evaluated through /api/v1/query: each must
@@ -33,6 +37,14 @@
 #       - the alerts that can be induced on one machine fire (checked in
 #         /api/v1/alerts with their key labels, expanded annotations and
 #         runbook link) and resolve once the condition is removed:
+#           TelhaWorkerDown            a member killed (its pod's up == 0,
+#                                      until it is restarted); the single
+#                                      worker stopped (up == 0: every
+#                                      worker of the namespace down), then
+#                                      its target removed too (no target
+#                                      at all: absent(), value 0) while a
+#                                      member's target is removed (2 of 3
+#                                      scraped), then both put back
 #           TelhaJournalStuck          a 9000-edge cascade journaled in
 #                                      chunks of 7 puts (single)
 #           TelhaDeadLettersIncreasing invalid requests (single, cluster)
@@ -41,7 +53,9 @@
 #                                      member TTL passes and a standby
 #                                      takes over
 #           TelhaOldestRequestWaiting  the consumer paused (enqueue pause)
-#           TelhaConsumerBacklogGrowing  with requests published meanwhile
+#           TelhaConsumerBacklogGrowing  with requests published steadily
+#                                      meanwhile, right after a load that
+#                                      drained (which must not hold it back)
 #           TelhaReaperNotSucceeding   the worker restarted with
 #                                      --reaper-schedule "@every 1h", then
 #                                      with the short schedule again
@@ -146,9 +160,11 @@ render_rules() { # render_rules NAMESPACE OUT [helm flags...]
 }
 
 # ---- 1. recorded data: promtool ----
-say "rules, chart defaults: promtool check rules, promtool test rules (helm/prom/rules_test.yaml)"
+say "rules, chart defaults but three replicas: promtool check rules, promtool test rules (helm/prom/rules_test.yaml)"
 mkdir -p "$tmp/unit"
-render_rules graph "$tmp/unit/rules.yaml" --set prometheusRule.enabled=true
+# Three replicas (dynamic mode with more than one pod wants tokens): what
+# TelhaWorkerDown's "fewer targets than replicas" is tested with.
+render_rules graph "$tmp/unit/rules.yaml" --set prometheusRule.enabled=true,replicaCount=3,auth.tokensSecret=telha-tokens
 cp "$here/rules_test.yaml" "$tmp/unit/rules_test.yaml"
 promtool check rules "$tmp/unit/rules.yaml"
 alerts_rendered=$(grep -c '^  - alert: ' "$tmp/unit/rules.yaml")
@@ -160,10 +176,10 @@ echo "ok   promtool test rules: all $alerts_rendered alerts fire on recorded ser
 
 # ---- 2. live data ----
 say "rules for the live run (helm/prom/live-values.yaml), namespaces single and cluster"
-for ns in single cluster; do
-  render_rules "$ns" "$tmp/rules-$ns.yaml" -f "$here/live-values.yaml"
-  promtool check rules "$tmp/rules-$ns.yaml" >/dev/null
-done
+# What each namespace runs: one static worker; three dynamic members.
+render_rules single "$tmp/rules-single.yaml" -f "$here/live-values.yaml" --set ownership.mode=static
+render_rules cluster "$tmp/rules-cluster.yaml" -f "$here/live-values.yaml" --set replicaCount=3,auth.tokensSecret=telha-tokens
+for ns in single cluster; do promtool check rules "$tmp/rules-$ns.yaml" >/dev/null; done
 echo "ok   promtool check rules: live rules for single and cluster"
 
 for port in $((base + 10)) $((base + 4010)) $((base + 5000)); do
@@ -207,6 +223,32 @@ stop_single() {
     sleep 0.1 # polling with a deadline
   done
 }
+# Requests to the single worker, a few every half second, until killed.
+flood() { # flood REQUEST_ID_PREFIX
+  while :; do
+    for n in 1 2 3 4 5; do
+      echo "{\"request_id\":\"$1-$RANDOM$RANDOM\",\"op\":\"put_node\",\"tenant\":\"t$n\",\"id\":\"$(cat /proc/sys/kernel/random/uuid)\"}"
+    done | "$tmp/enqueue" --nats-url "$single_nats" file - >/dev/null 2>&1 || true
+    sleep 0.5
+  done
+}
+# The scrape targets of a namespace (a file_sd file, replaced atomically):
+# the pods listed (single: 0), with the labels the chart's ServiceMonitor
+# gives them. A pod left out is one Prometheus has no target for (deleted,
+# Pending).
+targets() { # targets NAMESPACE [I...]
+  local ns=$1 i port
+  shift
+  {
+    [ $# -gt 0 ] || echo "[]"
+    for i in "$@"; do
+      if [ "$ns" = single ]; then port=$((base + 4010)); else port=$((base + 4000 + i)); fi
+      echo "- targets: ['127.0.0.1:$port']"
+      echo "  labels: {namespace: $ns, pod: $job-$i}"
+    done
+  } >"$tmp/targets/.$ns.tmp"
+  mv "$tmp/targets/.$ns.tmp" "$tmp/targets/$ns.yaml"
+}
 wait_http() { # wait_http WHAT URL SECONDS
   local deadline=$((SECONDS + $3))
   until [ "$(curl -s -o /dev/null -w '%{http_code}' "$2")" = 200 ]; do
@@ -244,18 +286,15 @@ rule_files:
   - $tmp/rules-cluster.yaml
 scrape_configs:
   # One job, as the chart's ServiceMonitor makes it (job = the Service's
-  # name), with the namespace and pod labels it adds.
+  # name), with the namespace and pod labels it adds (see targets).
   - job_name: $job
-    static_configs:
-      - targets: ['127.0.0.1:$((base + 4010))']
-        labels: {namespace: single, pod: $job-0}
-      - targets: ['127.0.0.1:$((base + 4000))']
-        labels: {namespace: cluster, pod: $job-0}
-      - targets: ['127.0.0.1:$((base + 4001))']
-        labels: {namespace: cluster, pod: $job-1}
-      - targets: ['127.0.0.1:$((base + 4002))']
-        labels: {namespace: cluster, pod: $job-2}
+    file_sd_configs:
+      - files: ['$tmp/targets/*.yaml']
+        refresh_interval: 1s
 EOF
+mkdir -p "$tmp/targets"
+targets single 0
+targets cluster 0 1 2
 promtool check config "$tmp/prometheus.yml" >/dev/null
 prometheus --config.file "$tmp/prometheus.yml" --storage.tsdb.path "$tmp/prometheus" \
   --web.listen-address "127.0.0.1:$((base + 5000))" --storage.tsdb.retention.time 1h \
@@ -282,22 +321,6 @@ echo "ok   the four slots are spread over the three members"
 "$pc" quiet -url "$prom" -timeout 90s
 alert() { "$pc" alert -url "$prom" "$@"; }
 
-# First, while the single worker has had no load: TelhaConsumerBacklogGrowing
-# reads deriv(pending[15m]), which a burst drained earlier in the window
-# (the load below) pulls down.
-say "induce: the single worker's consumer paused while requests arrive"
-"$tmp/enqueue" --nats-url "$single_nats" pause --replica 0 >/dev/null
-: >"$tmp/wait.jsonl"
-for n in $(seq 1 10); do
-  echo "{\"request_id\":\"held-$n\",\"op\":\"put_node\",\"tenant\":\"t$((n % 8))\",\"id\":\"$(cat /proc/sys/kernel/random/uuid)\"}" >>"$tmp/wait.jsonl"
-done
-"$tmp/enqueue" --nats-url "$single_nats" file "$tmp/wait.jsonl" >/dev/null
-alert -alert TelhaOldestRequestWaiting -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
-alert -alert TelhaConsumerBacklogGrowing -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
-"$tmp/enqueue" --nats-url "$single_nats" resume --replica 0 >/dev/null
-echo "ok   resumed the consumer"
-alert -alert TelhaOldestRequestWaiting -match namespace=single -want resolved -timeout 60s
-alert -alert TelhaConsumerBacklogGrowing -match namespace=single -want resolved -timeout 60s
 say "load: requests on both, a journaled cascade on the single worker, reads"
 reqs="$tmp/load.jsonl"
 : >"$reqs"
@@ -313,6 +336,22 @@ echo "ok   cluster: $(wc -l <"$reqs") requests answered ok"
   fail "enqueue demo on the single worker failed"
 grep -q '"journaled":true' "$tmp/demo-small.out" || fail "the small demo's hub was not journaled"
 echo "ok   single: $(wc -l <"$reqs") requests and a demo graph (its hub's cascade journaled) answered ok"
+
+# Right after that load drained: growth is measured over a short window,
+# so the drain cannot hold TelhaConsumerBacklogGrowing back.
+say "induce: the single worker's consumer paused while requests keep arriving"
+"$tmp/enqueue" --nats-url "$single_nats" pause --replica 0 >/dev/null
+flood held &
+flood_pid=$!
+pids+=("$flood_pid")
+alert -alert TelhaOldestRequestWaiting -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+alert -alert TelhaConsumerBacklogGrowing -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s
+kill -TERM "$flood_pid"
+wait "$flood_pid" 2>/dev/null || true
+"$tmp/enqueue" --nats-url "$single_nats" resume --replica 0 >/dev/null
+echo "ok   stopped publishing; resumed the consumer"
+alert -alert TelhaOldestRequestWaiting -match namespace=single -want resolved -timeout 60s
+alert -alert TelhaConsumerBacklogGrowing -match namespace=single -want resolved -timeout 60s
 for i in 0 1 2; do curl -s -o /dev/null "$(member_http "$i")/v1/tenants/t1/nodes/$(cat /proc/sys/kernel/random/uuid)"; done
 # Scrapes and rates after the load: a 1m rate needs two samples after it.
 "$pc" wait -url "$prom" -q "sum by (namespace) (rate(telha_requests_total{job=\"$job\",status=\"ok\"}[1m])) > 0" -min 2 -timeout 30s \
@@ -325,8 +364,8 @@ say "every dashboard query and alert expression on live data"
 # -allow-empty (a regexp of queries), with the reason.
 "$pc" dashboard -url "$prom" -dashboard ./telha-cascade/files/dashboard.json -rate 1m
 "$pc" exprs -url "$prom" -rules "$tmp/rules-cluster.yaml"
-# The single worker is not a dynamic member: no telha_partition_* there.
-"$pc" exprs -url "$prom" -rules "$tmp/rules-single.yaml" -allow-empty 'telha_partition_'
+# Rendered static: no telha_partition_* alerts there.
+"$pc" exprs -url "$prom" -rules "$tmp/rules-single.yaml"
 
 say "induce alerts: a long journal (single), dead letters (both), a member killed (cluster)"
 "$tmp/enqueue" --nats-url "$single_nats" demo --tenant stuck --people 20 --hub-edges 9000 --http "$single_http" \
@@ -340,9 +379,11 @@ echo "$bad" | "$tmp/enqueue" --nats-url "$single_nats" file - >/dev/null
 echo "$bad" | "$tmp/enqueue" --nats-url "$urls" file - >/dev/null
 victim=1
 kill -KILL "${member_pid[$victim]}"
+{ wait "${member_pid[$victim]}"; } 2>/dev/null || true # reaped here: no "Killed" line from the shell
 echo "ok   published 3 invalid requests to each; SIGKILL of member $victim"
 # The slot is ownerless for about the member TTL (6 s): checked first.
 alert -alert TelhaSlotWithoutOwner -match namespace=cluster -labels severity=critical -want firing -timeout 30s
+alert -alert TelhaWorkerDown -match namespace=cluster,pod=$job-$victim -labels severity=critical -want firing -timeout 30s
 alert -alert TelhaDeadLettersIncreasing -match namespace=single,reason=invalid -labels severity=warning,pod=$job-0 -want firing -timeout 30s
 alert -alert TelhaDeadLettersIncreasing -match namespace=cluster,reason=invalid -labels severity=warning -want firing -timeout 30s
 alert -alert TelhaJournalStuck -match namespace=single -labels severity=critical,pod=$job-0 -want firing -timeout 60s
@@ -357,26 +398,36 @@ wait "$demo_pid" || fail "enqueue demo (9000 edges) failed: $(tail -n 3 "$tmp/de
 grep -q '"journaled":true' "$tmp/demo-big.out" || fail "the big demo's hub was not journaled"
 alert -alert TelhaJournalStuck -match namespace=single -want resolved -timeout 60s
 alert -alert TelhaSlotWithoutOwner -match namespace=cluster -want resolved -timeout 120s
+start_member "$victim"
+wait_http "member $victim is ready again (restarted)" "$(member_http "$victim")/readyz" 120
+alert -alert TelhaWorkerDown -match namespace=cluster -want resolved -timeout 60s
 
 alert -alert TelhaDeadLettersIncreasing -match namespace=single -want resolved -timeout 60s
 alert -alert TelhaDeadLettersIncreasing -match namespace=cluster -want resolved -timeout 60s
 
+say "induce: every worker of namespace single down (stopped), then no target at all there, and one member of three not scraped"
+# Stopped: its target stays, up == 0 (a crash-looping pod). Then its
+# target removed too (a deleted or Pending pod: absent(up), 0 scraped) and
+# member 2's (2 of 3 scraped), then put back.
+stop_single
+alert -alert TelhaWorkerDown -match namespace=single,pod=$job-0 -labels severity=critical -want firing -timeout 30s
+targets single
+targets cluster 0 1
+alert -alert TelhaWorkerDown -match namespace=single,pod= -labels severity=critical -value 0 -want firing -timeout 30s
+alert -alert TelhaWorkerDown -match namespace=cluster,pod= -labels severity=critical -value 2 -want firing -timeout 30s
+targets single 0
+targets cluster 0 1 2
+alert -alert TelhaWorkerDown -match namespace=cluster -want resolved -timeout 30s
+alert -alert TelhaWorkerDown -match namespace=single,pod= -want resolved -timeout 30s
+
 say "induce: the single worker's disk \"full\" (restart with --min-free-disk-mb 1PiB) while requests arrive"
 # Every write is refused as transient: each request is redelivered until
 # its last delivery, then dead-lettered as retries_exhausted. The worker is
-# alive (/healthz) but not ready.
-stop_single
+# alive (/healthz, scraped: not down) but not ready.
 start_single "@every 2s" --min-free-disk-mb 1073741824
 wait_http "the single worker is alive again (disk reserve not met)" "$single_http/healthz" 120
-flood() { # requests, a few every half second, until killed
-  while :; do
-    for n in 1 2 3 4 5; do
-      echo "{\"request_id\":\"full-$RANDOM$RANDOM\",\"op\":\"put_node\",\"tenant\":\"t$n\",\"id\":\"$(cat /proc/sys/kernel/random/uuid)\"}"
-    done | "$tmp/enqueue" --nats-url "$single_nats" file - >/dev/null 2>&1 || true
-    sleep 0.5
-  done
-}
-flood &
+alert -alert TelhaWorkerDown -match namespace=single -want resolved -timeout 30s
+flood full &
 flood_pid=$!
 pids+=("$flood_pid")
 alert -alert TelhaRedeliveriesHigh -match namespace=single -labels severity=warning,pod=$job-0 -want firing -timeout 60s

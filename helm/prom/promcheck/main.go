@@ -6,7 +6,7 @@
 //	promcheck rules < prometheusrule.yaml > rules.yaml
 //	promcheck dashboard -url U -dashboard dashboard.json [-rate 1m] [-allow-empty RE]
 //	promcheck exprs -url U -rules rules.yaml [-allow-empty RE]
-//	promcheck alert -url U -alert NAME [-match k=v,...] -want firing|resolved [-labels k=v,...] [-timeout 60s]
+//	promcheck alert -url U -alert NAME [-match k=v,...] -want firing|resolved [-labels k=v,...] [-value V] [-timeout 60s]
 //	promcheck quiet -url U [-except RE] [-timeout 60s]
 //	promcheck wait -url U -q EXPR [-min 1] [-timeout 60s] [-what TEXT]
 //
@@ -25,6 +25,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -504,6 +505,7 @@ func cmdAlert(args []string) error {
 	match := fs.String("match", "", "labels that select the alert instance (k=v,...)")
 	want := fs.String("want", "firing", "firing or resolved")
 	keyLabels := fs.String("labels", "", "labels the firing alert must carry (k=v,...)")
+	value := fs.String("value", "", "the value the firing alert must have (a number), if set")
 	timeout := fs.Duration("timeout", time.Minute, "deadline")
 	fs.Parse(args)
 	sel := parseLabels(*match)
@@ -524,7 +526,7 @@ func cmdAlert(args []string) error {
 			}
 			last = firing
 			if *want == "firing" && len(firing) > 0 {
-				return checkFiring(firing[0], *name, parseLabels(*keyLabels), time.Since(start))
+				return checkFiring(firing[0], *name, parseLabels(*keyLabels), *value, time.Since(start))
 			}
 			if *want == "resolved" && len(firing) == 0 {
 				fmt.Printf("ok   alert %s%s resolved after %.1fs\n", *name, fmtLabels(sel), time.Since(start).Seconds())
@@ -542,8 +544,15 @@ func cmdAlert(args []string) error {
 // checkFiring checks what a firing alert tells: the key labels, a summary
 // and a description with their templates expanded, and a runbook link to
 // the alert's own section.
-func checkFiring(a alert, name string, key map[string]string, took time.Duration) error {
+func checkFiring(a alert, name string, key map[string]string, value string, took time.Duration) error {
 	var bad []string
+	if value != "" { // the API prints values as 2e+00
+		got, err1 := strconv.ParseFloat(a.Value, 64)
+		want, err2 := strconv.ParseFloat(value, 64)
+		if err1 != nil || err2 != nil || got != want {
+			bad = append(bad, fmt.Sprintf("value %s, want %s", a.Value, value))
+		}
+	}
 	for k, v := range key {
 		if a.Labels[k] != v {
 			bad = append(bad, fmt.Sprintf("label %s=%q, want %q", k, a.Labels[k], v))
