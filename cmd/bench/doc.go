@@ -72,6 +72,18 @@
 // changelog belongs to one store. --changelog-sync-always gives those
 // servers sync_interval: always.
 //
+// read_member (issue 30 item 8, not in the default phases; readmember.go
+// has the details): a static replica (R1 NATS server of its own) and 3
+// members of --partition-owner dynamic/--member-slots (a 3-server cluster
+// in this process, member i on server i), both --changelog jetstream and
+// loaded with the same tenants, nodes and edges through the queue; then
+// --read-concurrency readers for --read-duration per target, in slices
+// taken in turn: the static replica, one member ("any": most reads are
+// forwarded to the owner's member over HTTP) and each tenant's owner
+// (every read local). Reported: reads/s, p50, p99, the local and
+// forwarded reads of "any", the ratios to the static replica, and the
+// NATS client connections of each member (the server's Connz).
+//
 // Ratios: small_vs_pipeline = small.per_sec / pipeline.per_sec,
 // small_vs_naive = small.per_sec / naive.per_sec, hub_vs_raw = hub.seconds /
 // hub.raw_pebble_seconds. The targets are reported as PASS or MISS; missing
