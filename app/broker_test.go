@@ -130,7 +130,11 @@ func publishBurst(t *testing.T, b *bus, tenant string, n int, into map[string]st
 // outage, and nothing is lost or doubled.
 func TestBrokerRestartDuringLoad(t *testing.T) {
 	ns := testnats.Start(t)
-	w := startWorker(t, ns, t.TempDir(), Options{})
+	// A request fetched as the server stopped, whose ack was lost, comes
+	// back after AckWait: short here, so that it does within the wait
+	// below even on a loaded machine (with the default 30 s, a run under
+	// load saw one not answered within the 30 s wait).
+	w := startWorker(t, ns, t.TempDir(), Options{}, "--ack-wait", "5s")
 	b := newBus(t, ns)
 	reqs := map[string]string{}
 	publishBurst(t, b, "brk", 300, reqs)
