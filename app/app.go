@@ -114,11 +114,10 @@ type App struct {
 	ops     *cascade.Ops
 	metrics *metrics.Metrics
 	// conn is the worker's own NATS connection (nil for a member's slot);
-	// nc is conn's, or the member's (Options.Conn; sharedNC), not closed
+	// nc is conn's, or the member's (Options.Conn), which is not closed
 	// here.
-	conn     *natsConn
-	nc       *nats.Conn
-	sharedNC bool
+	conn *natsConn
+	nc   *nats.Conn
 	// host: Options.Host (nil for a static worker).
 	host   *Host
 	worker *queue.Worker
@@ -271,7 +270,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 // member's connection, opts.Conn, and no port of its own).
 func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
 	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase, host: opts.Host,
-		nc: opts.Conn, sharedNC: opts.Conn != nil}
+		nc: opts.Conn}
 	defer func() {
 		if cerr := a.close(); cerr != nil && err == nil {
 			err = cerr
@@ -1048,14 +1047,14 @@ func (a *App) close() error {
 		// outbox is published one last time.
 		a.reaper.Stop()
 	}
-	if a.nc != nil && a.sharedNC {
+	if a.conn != nil {
+		a.conn.drain()
+	} else if a.nc != nil {
 		// The member's connection: send what this core published (acks,
 		// results) and leave it open for the member's other slots.
 		if err := a.nc.FlushTimeout(5 * time.Second); err != nil {
 			a.log.Warn("flushing the member's NATS connection", "err", err)
 		}
-	} else if a.conn != nil {
-		a.conn.drain()
 	}
 	if a.store != nil && !fatal && handlersDone {
 		if err := a.store.Close(); err != nil {

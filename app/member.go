@@ -1437,13 +1437,8 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, _, _, _ := m.auth.Principal(r) // admitted: it is someone
-	var local []*App
+	local := m.localOwners()
 	m.mu.Lock()
-	for _, run := range m.slots {
-		if a := run.app.Load(); a != nil && run.role == roleOwner {
-			local = append(local, a)
-		}
-	}
 	peers := []string{}
 	if r.Header.Get(hdrForwarded) == "" {
 		for _, mm := range m.members {
@@ -1454,8 +1449,8 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 	}
 	m.mu.Unlock()
 	all := []api.Journal{}
-	for _, a := range local {
-		for _, j := range a.journals() {
+	for _, o := range local {
+		for _, j := range o.app.journals() {
 			if p.Sees(j.Tenant) {
 				all = append(all, j)
 			}
@@ -1510,20 +1505,13 @@ func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusForbidden, "this worker answers loopback clients only (no --auth-tokens-file)")
 		return
 	}
-	m.mu.Lock()
-	var a *App
-	for s := 0; s < m.n && a == nil; s++ {
-		if run := m.slots[s]; run != nil && run.role == roleOwner && !run.stopping.Load() {
-			a = run.app.Load()
-		}
-	}
-	m.mu.Unlock()
-	if a == nil {
+	owners := m.localOwners()
+	if len(owners) == 0 {
 		w.Header().Set("Retry-After", "1")
 		writeJSONError(w, http.StatusServiceUnavailable, "this member owns no slot right now; ask another member")
 		return
 	}
-	if !a.serveHosted(w, r) {
+	if !owners[0].app.serveHosted(w, r) {
 		w.Header().Set("Retry-After", "1")
 		writeJSONError(w, http.StatusServiceUnavailable, "the slot is stopping; retry")
 	}
