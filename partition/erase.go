@@ -69,13 +69,17 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 	if info.NUID != "" {
 		stream := "OBJ_" + bucket
 		subject := fmt.Sprintf("$O.%s.C.%s", bucket, info.NUID)
-		seqs, err := sequencesOf(ctx, js, stream, subject)
-		if err != nil {
-			return fmt.Errorf("partition: object %s: list its chunks: %w", name, err)
-		}
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
 			return fmt.Errorf("partition: checkpoint %s: %w", name, err)
+		}
+		want := 0
+		if !info.Deleted {
+			want = int(info.Chunks)
+		}
+		seqs, err := sequencesOf(ctx, s, subject, want)
+		if err != nil {
+			return fmt.Errorf("partition: object %s: list its chunks: %w", name, err)
 		}
 		for _, seq := range seqs {
 			if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -93,46 +97,42 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 }
 
 // sequencesOf returns the stream sequences of every message on subject,
-// read with an ordered consumer that delivers headers only.
-func sequencesOf(ctx context.Context, js jetstream.JetStream, stream, subject string) ([]uint64, error) {
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject}, HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, err
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	pending := info.NumPending
+// each found with a get of the next message on the subject (a stream
+// request, answered by any of the stream's servers). It reads each message
+// whole, so listing an object of C bytes reads C bytes; the overwrite that
+// follows writes more. It used an ordered consumer before: on a 3-server
+// cluster its first request now and then met "no responders" (the new
+// consumer not yet known where the request arrived), and an erase was
+// retried for minutes (TestDynamicEraseLeavesNoCopy, CI at 7c11d4b).
+// want, when above zero, is how many messages the subject holds (an
+// object's chunk count): a replica that has not yet stored the newest
+// ones answers a direct get too, so a shorter list is read again.
+func sequencesOf(ctx context.Context, s jetstream.Stream, subject string, want int) ([]uint64, error) {
 	var seqs []uint64
-	for uint64(len(seqs)) < pending {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		batch, err := cons.Fetch(int(min(pending-uint64(len(seqs)), 256)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, err
-		}
-		got := 0
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
+	for attempt := 0; ; attempt++ {
+		seqs = seqs[:0]
+		next := uint64(1)
+		for {
+			m, err := s.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
 			if err != nil {
 				return nil, err
 			}
-			seqs = append(seqs, md.Sequence.Stream)
-			got++
-			if md.NumPending == 0 {
-				pending = uint64(len(seqs))
+			seqs = append(seqs, m.Sequence)
+			next = m.Sequence + 1
+		}
+		if len(seqs) >= want || attempt == 4 {
+			if len(seqs) < want {
+				return nil, fmt.Errorf("%d of its %d messages found after %d reads", len(seqs), want, attempt+1)
 			}
+			return seqs, nil
 		}
-		if err := batch.Error(); err != nil {
-			return nil, err
-		}
-		if got == 0 {
-			break // the rest went meanwhile (a concurrent delete)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
 		}
 	}
-	return seqs, nil
 }
