@@ -281,15 +281,8 @@ func TestChangelogEraseWaitsForItsCopies(t *testing.T) {
 // erase's own result waits for its copies.
 func TestChangelogEraseDoesNotHoldTheWriter(t *testing.T) {
 	ns := testnats.Start(t)
-	reached, release := make(chan struct{}), make(chan struct{})
-	var once bool
-	w := startWorker(t, ns, t.TempDir(), Options{CopyScrubStep: func(step string) {
-		if step == "checkpointed" && !once {
-			once = true
-			close(reached)
-			<-release
-		}
-	}}, changelogFlags...)
+	opts, reached, release := holdFirstScrub("checkpointed")
+	w := startWorker(t, ns, t.TempDir(), opts, changelogFlags...)
 	b := newBus(t, ns)
 	n := uuid.NewString()
 	mustOK(t, b.wait(b.send("gdpr", withMarker(node(n), "HOLDMARK"+uuid.NewString()[:8]))))
@@ -313,4 +306,62 @@ func TestChangelogEraseDoesNotHoldTheWriter(t *testing.T) {
 	if st := w.app.ChangelogStatus(); st.EraseScrubs != 1 || st.LastScrub.Marker == 0 {
 		t.Fatalf("changelog status after the erase: %+v", st)
 	}
+}
+
+// TestErasesArrivingDuringAScrubShareTheNext (issue 29, batched scrubs):
+// three erases that arrive while an erase's scrub of the copies runs are
+// answered after one more scrub between them, not three: each is prepared
+// (its versions and the disk) before the first of them is finished.
+func TestErasesArrivingDuringAScrubShareTheNext(t *testing.T) {
+	ns := testnats.Start(t)
+	opts, reached, release := holdFirstScrub("checkpointed")
+	w := startWorker(t, ns, t.TempDir(), opts, changelogFlags...)
+	b := newBus(t, ns)
+	ids := make([]string, 4)
+	var puts []string
+	for i := range ids {
+		ids[i] = uuid.NewString()
+		puts = append(puts, b.send("gdpr", withMarker(node(ids[i]), "BATCHMARK"+uuid.NewString()[:8])))
+	}
+	for _, rid := range puts {
+		mustOK(t, b.wait(rid))
+	}
+	first := b.send("gdpr", eraseNode(ids[0], "GDPR art. 17"))
+	select {
+	case <-reached:
+	case <-time.After(time.Minute):
+		t.Fatal("the first erase's scrub never reached its checkpoint")
+	}
+	var later []string
+	for _, id := range ids[1:] {
+		later = append(later, b.send("gdpr", eraseNode(id, "GDPR art. 17")))
+	}
+	testnats.Eventually(t, time.Minute, "the later erases are in flight", func() bool {
+		return len(w.app.Store().Erases().List()) == len(ids)
+	})
+	close(release)
+	mustOK(t, b.wait(first))
+	for _, rid := range later {
+		mustOK(t, b.wait(rid))
+	}
+	if st := w.app.ChangelogStatus(); st.EraseScrubs != 2 {
+		t.Fatalf("%d scrubs of the copies for %d erases, 3 of them arriving during the first's scrub; want 2 (the first's, and one shared)",
+			st.EraseScrubs, len(ids))
+	}
+}
+
+// holdFirstScrub returns Options that hold the first scrub of the copies
+// at step: reached is closed when it gets there, and it goes on once
+// release is closed.
+func holdFirstScrub(step string) (opts Options, reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once bool
+	opts.CopyScrubStep = func(s string) {
+		if s == step && !once {
+			once = true
+			close(reached)
+			<-release
+		}
+	}
+	return opts, reached, release
 }

@@ -184,14 +184,47 @@ func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseOb
 
 // ApplyErase finishes erase e (the first pass and a resume alike): it waits
 // for the node's cascade journal (the owner of journals applies it), erases
-// what is left, scrubs the disk and stores the answer. It returns the
-// request's receipt. Erases are applied one at a time (package reaper
-// keeps that rule).
+// what is left, scrubs the disk and the copies and stores the answer. It
+// returns the request's receipt. It is PrepareErase then FinishErase.
 func (o *Applier) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (storage.Receipt, error) {
 	return o.applyErase(ctx, e, obs, false)
 }
 
 func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (storage.Receipt, error) {
+	p, err := o.prepareErase(ctx, e, obs, applyJournals)
+	if err != nil {
+		return storage.Receipt{}, err
+	}
+	return o.FinishErase(ctx, p)
+}
+
+// PreparedErase is an erase whose versions are erased and whose disk is
+// scrubbed (PrepareErase); the scrub of its copies and its answer are
+// left (FinishErase).
+type PreparedErase struct {
+	e      *storage.EraseEntry
+	head   storage.EraseJob
+	marker uint64
+	st     storage.ScrubStats
+}
+
+// Entry is the erase prepared.
+func (p *PreparedErase) Entry() *storage.EraseEntry { return p.e }
+
+// PrepareErase is ApplyErase up to the scrub of the disk: it waits for
+// the journals touching the entity, erases what is left and scrubs the
+// disk (and commits the erase's marker for the copies). Erases are
+// prepared one at a time and never beside another erase's prepare or
+// finish (package reaper keeps that rule); several may be prepared before
+// the first is finished, and then share one scrub of the copies (issue
+// 29: with a changelog, that scrub is what costs). Nothing of a prepared
+// erase needs undoing: one never finished is applied again from the start
+// (by the next attempt, or after a restart).
+func (o *Applier) PrepareErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (*PreparedErase, error) {
+	return o.prepareErase(ctx, e, obs, false)
+}
+
+func (o *Applier) prepareErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (*PreparedErase, error) {
 	sc, j := e.Scope, e.Job
 	// The erase reads what it rewrites from one snapshot, its cut. Every
 	// journal in flight that may still write a version the erase must
@@ -222,11 +255,11 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 			return nil
 		})
 		if err != nil {
-			return storage.Receipt{}, err
+			return nil, err
 		}
 		f, err := journalTouching(snap, sc, j, fenced)
 		if err != nil {
-			return storage.Receipt{}, err
+			return nil, err
 		}
 		if f == nil {
 			break
@@ -234,7 +267,7 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 		release() // not held while waiting: the scrubs of others wait for zero snapshots
 		if applyJournals {
 			if _, err := o.ApplyJournal(ctx, f, JournalObserver{}); err != nil && !errors.Is(err, storage.ErrJournalGone) {
-				return storage.Receipt{}, fmt.Errorf("erase of %s %s: the cascade of node %s: %w", j.Op, j.ID, f.J.NodeID, err)
+				return nil, fmt.Errorf("erase of %s %s: the cascade of node %s: %w", j.Op, j.ID, f.J.NodeID, err)
 			}
 			continue
 		}
@@ -243,10 +276,10 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 		case <-f.Removed():
 			timer.Stop()
 		case <-timer.C:
-			return storage.Receipt{}, fmt.Errorf("%w: erase of %s %s waited %s for the cascade of node %s (tx %s)", ErrEraseWaiting, j.Op, j.ID, EraseWaitLimit, f.J.NodeID, f.J.Tx)
+			return nil, fmt.Errorf("%w: erase of %s %s waited %s for the cascade of node %s (tx %s)", ErrEraseWaiting, j.Op, j.ID, EraseWaitLimit, f.J.NodeID, f.J.Tx)
 		case <-ctx.Done():
 			timer.Stop()
-			return storage.Receipt{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	if o.hooks.EraseChecked != nil {
@@ -254,18 +287,35 @@ func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs Era
 	}
 	head, ok, err := o.store.EraseHead(snap, e)
 	if err != nil {
-		return storage.Receipt{}, err
+		return nil, err
 	}
 	if !ok {
-		return storage.Receipt{}, fmt.Errorf("%w: erase %x", storage.ErrJournalGone, e.HeadKey)
+		return nil, fmt.Errorf("%w: erase %x", storage.ErrJournalGone, e.HeadKey)
 	}
 	ranges, err := o.eraseVersions(ctx, e, snap, &head, obs)
 	release() // before the scrub, which waits for zero snapshots
 	if err != nil {
+		return nil, err
+	}
+	st, marker, err := o.scrubDisk(ctx, sc, ranges)
+	if err != nil {
+		return nil, err
+	}
+	return &PreparedErase{e: e, head: head, marker: marker, st: st}, nil
+}
+
+// FinishErase finishes a prepared erase: it scrubs the copies (at once
+// when the scrub of a later prepared erase already covered this one),
+// then stores the answer. It returns the request's receipt.
+func (o *Applier) FinishErase(ctx context.Context, p *PreparedErase) (storage.Receipt, error) {
+	e, head := p.e, p.head
+	sc, j := e.Scope, e.Job
+	st := p.st
+	if err := o.store.ScrubCopies(ctx, p.marker, &st); err != nil {
 		return storage.Receipt{}, err
 	}
-	if _, err := o.scrub(ctx, sc, ranges); err != nil {
-		return storage.Receipt{}, err
+	if o.hooks.EraseScrubbed != nil {
+		o.hooks.EraseScrubbed(st)
 	}
 	// The receipt's tx: the erase's commit tx, or the entity's tombstone if
 	// a journal wrote it later (a read at tx_time sees the entity dead).
@@ -505,7 +555,7 @@ func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error
 // snapshot older than the erase's writes would keep the old values through
 // the compaction, so it first waits until no snapshot is open (journal
 // appliers hold one while they run).
-func (o *Applier) scrub(ctx context.Context, sc storage.Scope, ranges []storage.KeyRange) (storage.ScrubStats, error) {
+func (o *Applier) scrubDisk(ctx context.Context, sc storage.Scope, ranges []storage.KeyRange) (storage.ScrubStats, uint64, error) {
 	waitUntil := time.Now().Add(EraseWaitLimit)
 	for {
 		n := o.store.Engine().Metrics().Snapshots.Count
@@ -513,17 +563,13 @@ func (o *Applier) scrub(ctx context.Context, sc storage.Scope, ranges []storage.
 			break
 		}
 		if time.Now().After(waitUntil) {
-			return storage.ScrubStats{}, fmt.Errorf("%w: %d Pebble snapshots (journal appliers) stayed open for %s before the scrub", ErrEraseWaiting, n, EraseWaitLimit)
+			return storage.ScrubStats{}, 0, fmt.Errorf("%w: %d Pebble snapshots (journal appliers) stayed open for %s before the scrub", ErrEraseWaiting, n, EraseWaitLimit)
 		}
 		select {
 		case <-ctx.Done():
-			return storage.ScrubStats{}, ctx.Err()
+			return storage.ScrubStats{}, 0, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	st, err := o.store.Scrub(ctx, sc, ranges)
-	if err == nil && o.hooks.EraseScrubbed != nil {
-		o.hooks.EraseScrubbed(st)
-	}
-	return st, err
+	return o.store.ScrubDisk(ctx, sc, ranges)
 }

@@ -318,9 +318,19 @@ func (s *Service) kickErase() {
 	}
 }
 
-// eraseLoop applies erases one at a time, oldest first: the ones handed
-// over, those a previous process left (its first round, at Start), and
-// failed ones again after their backoff (checked every OutboxInterval).
+// maxEraseBatch bounds the erases prepared before the first of them is
+// finished (a round's last erase waits for the prepares of those before
+// it).
+const maxEraseBatch = 32
+
+// eraseLoop applies erases oldest first: the ones handed over, those a
+// previous process left (its first round, at Start), and failed ones
+// again after their backoff (checked every OutboxInterval). A round
+// prepares each erase listed (its versions and the disk; one at a time),
+// then finishes each (the copies and the answer): the first finish scrubs
+// the copies for every erase prepared, and the others find them scrubbed
+// (issue 29, batched scrubs: with a changelog, erases that arrive while a
+// scrub runs share the next one).
 func (s *Service) eraseLoop() {
 	t := time.NewTicker(s.cfg.OutboxInterval)
 	defer t.Stop()
@@ -332,67 +342,113 @@ func (s *Service) eraseLoop() {
 		case <-s.eraseKick:
 		case <-t.C:
 		}
-		for _, e := range s.store.Erases().List() {
-			if s.ctx.Err() != nil {
-				return
-			}
-			s.eraseMu.Lock()
-			f := s.eraseFails[e]
-			s.eraseMu.Unlock()
-			if f.n > 0 && s.cfg.Clock.Now().Sub(f.at) < backoff(s.cfg.RetryBackoff, f.n) {
-				continue
-			}
-			tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.erase", trace.WithAttributes(
-				attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
-				attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
-			s.traceResult(e.Scope, e.Job.Prov.RequestID, tctx)
-			rc, err := s.applyErase(e)
-			if err != nil {
-				span.SetStatus(codes.Error, err.Error())
-			} else {
-				span.SetAttributes(attribute.Int64("telha.versions_erased", int64(rc.VersionsErased)))
-			}
-			span.End()
-			// Gone: no longer registered (finished by an earlier attempt whose
-			// answer was lost, or never committed). Not a failure, and not
-			// this attempt's finish either: it has no receipt to report.
-			gone := errors.Is(err, storage.ErrJournalGone)
-			s.eraseMu.Lock()
-			if err != nil && !gone && s.ctx.Err() == nil {
-				f.n, f.at, f.last = f.n+1, s.cfg.Clock.Now(), err.Error()
-				s.eraseFails[e] = f
-				s.cfg.Logger.Warn("erase failed; retried after a backoff", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
-					"request_id", e.Job.Prov.RequestID, "failures", f.n, "err", err)
-			} else {
-				delete(s.eraseFails, e)
-			}
-			s.eraseMu.Unlock()
-			if s.cfg.Hooks.EraseFinished != nil {
-				s.cfg.Hooks.EraseFinished(e, rc, err)
-			}
-			if gone {
-				s.cfg.Logger.Debug("erase no longer in flight", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
-					"request_id", e.Job.Prov.RequestID)
-			}
-			if err == nil {
-				s.cfg.Logger.Info("erase finished", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
-					"request_id", e.Job.Prov.RequestID, "versions_erased", rc.VersionsErased)
-				s.kickPublish()
-			}
-		}
+		s.eraseRound()
 	}
 }
 
-// applyErase applies one erase; a panic (a bug) fails this attempt like
-// any error, so one bad erase neither ends the process nor stops the
-// others.
-func (s *Service) applyErase(e *storage.EraseEntry) (rc storage.Receipt, err error) {
+// eraseAttempt is one erase of a round, between its prepare and finish.
+type eraseAttempt struct {
+	e    *storage.EraseEntry
+	p    *cascade.PreparedErase
+	span trace.Span
+}
+
+func (s *Service) eraseRound() {
+	var prepared []eraseAttempt
+	for _, e := range s.store.Erases().List() {
+		if s.ctx.Err() != nil {
+			return
+		}
+		if len(prepared) == maxEraseBatch {
+			break
+		}
+		s.eraseMu.Lock()
+		f := s.eraseFails[e]
+		s.eraseMu.Unlock()
+		if f.n > 0 && s.cfg.Clock.Now().Sub(f.at) < backoff(s.cfg.RetryBackoff, f.n) {
+			continue
+		}
+		tctx, span := s.tracer().Start(traceContext(e.Traceparent()), "telha.erase", trace.WithAttributes(
+			attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
+			attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
+		s.traceResult(e.Scope, e.Job.Prov.RequestID, tctx)
+		p, err := s.prepareErase(e)
+		if err != nil {
+			s.eraseDone(eraseAttempt{e: e, span: span}, storage.Receipt{}, err)
+			continue
+		}
+		prepared = append(prepared, eraseAttempt{e: e, p: p, span: span})
+	}
+	for i, a := range prepared {
+		if s.ctx.Err() != nil {
+			// Not finished: applied again from the start by the next process.
+			for _, a := range prepared[i:] {
+				a.span.End()
+			}
+			return
+		}
+		rc, err := s.finishErase(a.p)
+		s.eraseDone(a, rc, err)
+	}
+}
+
+// eraseDone records how an attempt ended.
+func (s *Service) eraseDone(a eraseAttempt, rc storage.Receipt, err error) {
+	e := a.e
+	if err != nil {
+		a.span.SetStatus(codes.Error, err.Error())
+	} else {
+		a.span.SetAttributes(attribute.Int64("telha.versions_erased", int64(rc.VersionsErased)))
+	}
+	a.span.End()
+	// Gone: no longer registered (finished by an earlier attempt whose
+	// answer was lost, or never committed). Not a failure, and not this
+	// attempt's finish either: it has no receipt to report.
+	gone := errors.Is(err, storage.ErrJournalGone)
+	s.eraseMu.Lock()
+	if err != nil && !gone && s.ctx.Err() == nil {
+		f := s.eraseFails[e]
+		f.n, f.at, f.last = f.n+1, s.cfg.Clock.Now(), err.Error()
+		s.eraseFails[e] = f
+		s.cfg.Logger.Warn("erase failed; retried after a backoff", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+			"request_id", e.Job.Prov.RequestID, "failures", f.n, "err", err)
+	} else {
+		delete(s.eraseFails, e)
+	}
+	s.eraseMu.Unlock()
+	if s.cfg.Hooks.EraseFinished != nil {
+		s.cfg.Hooks.EraseFinished(e, rc, err)
+	}
+	if gone {
+		s.cfg.Logger.Debug("erase no longer in flight", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+			"request_id", e.Job.Prov.RequestID)
+	}
+	if err == nil {
+		s.cfg.Logger.Info("erase finished", "tenant", e.Scope.Tenant(), "op", e.Job.Op.String(), "id", e.Job.ID,
+			"request_id", e.Job.Prov.RequestID, "versions_erased", rc.VersionsErased)
+		s.kickPublish()
+	}
+}
+
+// prepareErase and finishErase run one step of an erase; a panic (a bug)
+// fails this attempt like any error, so one bad erase neither ends the
+// process nor stops the others.
+func (s *Service) prepareErase(e *storage.EraseEntry) (p *cascade.PreparedErase, err error) {
 	defer func() {
-		if p := recover(); p != nil {
-			rc, err = storage.Receipt{}, fmt.Errorf("panic applying erase: %v", p)
+		if r := recover(); r != nil {
+			p, err = nil, fmt.Errorf("panic applying erase: %v", r)
 		}
 	}()
-	return s.cfg.Applier.ApplyErase(s.ctx, e, cascade.EraseObserver{})
+	return s.cfg.Applier.PrepareErase(s.ctx, e, cascade.EraseObserver{})
+}
+
+func (s *Service) finishErase(p *cascade.PreparedErase) (rc storage.Receipt, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			rc, err = storage.Receipt{}, fmt.Errorf("panic applying erase: %v", r)
+		}
+	}()
+	return s.cfg.Applier.FinishErase(s.ctx, p)
 }
 
 // EraseFailure reports an erase's failed attempts and last error (for the

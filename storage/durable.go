@@ -75,12 +75,12 @@ type CopyScrubber interface {
 	ScrubCopies(ctx context.Context, marker uint64, onWriter func(context.Context, func() error) error) error
 }
 
-// scrubCopies is the end of Scrub when the store has copies elsewhere:
-// ranges are the key ranges the erase compacted.
-func (s *Store) scrubCopies(ctx context.Context, ranges []scrubmark.Range) error {
+// commitMarker commits an erase's marker (ranges: the key ranges the
+// erase compacted) on the writer and returns its sequence.
+func (s *Store) commitMarker(ctx context.Context, ranges []scrubmark.Range) (uint64, error) {
 	payload, err := scrubmark.Encode(scrubmark.Coalesce(ranges, scrubmark.MaxRanges))
 	if err != nil {
-		return fmt.Errorf("%w: erase marker: %w", ErrStorage, err)
+		return 0, fmt.Errorf("%w: erase marker: %w", ErrStorage, err)
 	}
 	var marker uint64
 	err = s.w.do(ctx, Foreground, func() error {
@@ -95,12 +95,7 @@ func (s *Store) scrubCopies(ctx context.Context, ranges []scrubmark.Range) error
 		marker = s.appended.Load()
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return s.copies.ScrubCopies(ctx, marker, func(ctx context.Context, fn func() error) error {
-		return s.w.do(ctx, Foreground, fn)
-	})
+	return marker, err
 }
 
 // DefaultDurableTimeout bounds one Append when Options.DurableTimeout is 0:

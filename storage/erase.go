@@ -402,19 +402,34 @@ var ErrScrub = errors.New("scrub incomplete")
 // snapshot older than the erase would keep the old values in the compacted
 // tables, so the caller runs it with no journal applier (the only snapshot
 // holders) in flight. With Options.Copies it then scrubs the copies
-// outside the disk (durable.go, "Erasure and the copies").
+// outside the disk (durable.go, "Erasure and the copies"). Scrub is
+// ScrubDisk then ScrubCopies.
 func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubStats, error) {
+	st, marker, err := s.ScrubDisk(ctx, sc, erased)
+	if err != nil {
+		return st, err
+	}
+	if err := s.ScrubCopies(ctx, marker, &st); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// ScrubDisk is Scrub's first part: the disk, and with Options.Copies the
+// erase's marker committed (durable.go); marker is its sequence (0 without
+// copies), to hand to ScrubCopies.
+func (s *Store) ScrubDisk(ctx context.Context, sc Scope, erased []KeyRange) (st ScrubStats, marker uint64, err error) {
 	start := time.Now()
-	var st ScrubStats
+	defer func() { st.Took = time.Since(start) }()
 	// The WAL files that exist now may hold the old values; the flush makes
 	// them obsolete, and Pebble deletes them in the background (a metric
 	// does not count those pending deletion): wait until they are gone.
 	lastWAL, err := s.lastWAL()
 	if err != nil {
-		return st, err
+		return st, 0, err
 	}
 	if err := s.eng.Flush(); err != nil {
-		return st, fmt.Errorf("%w: flush: %w", ErrStorage, err)
+		return st, 0, fmt.Errorf("%w: flush: %w", ErrStorage, err)
 	}
 	st.Flushed = true
 	// The jobs keyspace too: a deleted journal head holds the provenance of
@@ -434,7 +449,7 @@ func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubSt
 	ranges = append(ranges, scrubmark.Range{Start: lo, End: hi})
 	for _, r := range ranges {
 		if err := s.eng.Compact(ctx, r.Start, r.End, true); err != nil {
-			return st, fmt.Errorf("%w: compact: %w", ErrStorage, err)
+			return st, 0, fmt.Errorf("%w: compact: %w", ErrStorage, err)
 		}
 		st.Compactions++
 	}
@@ -443,7 +458,7 @@ func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubSt
 		m := s.eng.Metrics()
 		left := int64(m.Table.ObsoleteCount) + int64(m.Table.ZombieCount) + m.WAL.ObsoleteFiles
 		if n, err := s.walsUpTo(lastWAL); err != nil {
-			return st, err
+			return st, 0, err
 		} else {
 			left += int64(n)
 		}
@@ -452,23 +467,46 @@ func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubSt
 			break
 		}
 		if time.Now().After(deadline) {
-			return st, fmt.Errorf("%w: %d obsolete files still on disk after 30s", ErrScrub, left)
+			return st, 0, fmt.Errorf("%w: %d obsolete files still on disk after 30s", ErrScrub, left)
 		}
 		select {
 		case <-ctx.Done():
-			return st, ctx.Err()
+			return st, 0, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	if s.copies != nil {
-		t0 := time.Now()
-		if err := s.scrubCopies(ctx, ranges); err != nil {
-			return st, fmt.Errorf("%w: the copies outside the disk (changelog, checkpoints): %w", ErrScrub, err)
+		if marker, err = s.commitMarker(ctx, ranges); err != nil {
+			return st, 0, err
 		}
-		st.Copies, st.CopiesTook = true, time.Since(t0)
 	}
-	st.Took = time.Since(start)
-	return st, nil
+	return st, marker, nil
+}
+
+// ScrubCopies is Scrub's second part: once it returns, the copies outside
+// the disk (changelog, checkpoints, standbys) hold no byte erased before
+// marker. A scrub of the copies done for a later marker covers an earlier
+// one, so erases whose disks were scrubbed one after another share one
+// scrub of the copies when each calls ScrubCopies after the last
+// ScrubDisk (issue 29, "batched scrubs"; package reaper does so). It adds
+// its cost to st, when st is not nil. Without Options.Copies it does
+// nothing.
+func (s *Store) ScrubCopies(ctx context.Context, marker uint64, st *ScrubStats) error {
+	if s.copies == nil {
+		return nil
+	}
+	t0 := time.Now()
+	err := s.copies.ScrubCopies(ctx, marker, func(ctx context.Context, fn func() error) error {
+		return s.w.do(ctx, Foreground, fn)
+	})
+	if err != nil {
+		return fmt.Errorf("%w: the copies outside the disk (changelog, checkpoints): %w", ErrScrub, err)
+	}
+	if st != nil {
+		st.Copies, st.CopiesTook = true, time.Since(t0)
+		st.Took += st.CopiesTook
+	}
+	return nil
 }
 
 // lastWAL returns the highest WAL file number in the store's directory (0
