@@ -84,6 +84,8 @@ type Store struct {
 
 	tenantsMu sync.RWMutex
 	tenants   map[string]bool
+	// refreshMu serializes Refresh (a store over a copy, copy.go).
+	refreshMu sync.Mutex
 
 	journals *Journals
 	erases   *Erases
