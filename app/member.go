@@ -77,6 +77,9 @@ const (
 	// not own the read's slot (any more): the forwarding member routes it
 	// again instead of passing the 503 on.
 	hdrNotOwner = "Telha-Not-Owner"
+	// hdrReadFrom says a read was answered by a standby's copy, not the
+	// owner (its as_of_tx is the copy's position).
+	hdrReadFrom = "Telha-Read-From"
 )
 
 // memberRun is one running member.
@@ -155,6 +158,22 @@ type slotRun struct {
 	phase atomic.Pointer[string]
 	// slowLogged: when the loop last said this start is slow (loop only).
 	slowLogged time.Time
+
+	// standby: its copy, read while it tails (standbyRead). viewMu is held
+	// for reading by each read, and for writing while the tail lets go of
+	// the copy, so no read outlives the Pebble it reads.
+	viewMu   sync.RWMutex
+	copyDB   *pebble.DB // under viewMu: set while the tail holds the copy
+	viewOpen sync.Mutex // one opening of the view at a time
+	view     atomic.Pointer[standbyView]
+}
+
+// standbyView is a standby's copy opened for reads (storage.OpenCopy),
+// refreshed up to the sequence it last saw applied when a read comes.
+type standbyView struct {
+	store     *storage.Store
+	h         http.Handler
+	refreshed atomic.Uint64
 }
 
 // poke wakes the member's loop.
@@ -973,6 +992,10 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		return err
 	}
 	r.applied.Store(applied)
+	r.viewMu.Lock()
+	r.copyDB = db
+	r.viewMu.Unlock()
+	defer r.dropView() // before db.Close (deferred first): waits out the reads
 	r.ready.Store(true)
 	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.status.Restored, "replayed", cl.status.Replayed, "took", time.Since(t0))
 	return cl.cl.Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
@@ -982,6 +1005,106 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		r.applied.Store(seq)
 		return nil
 	})
+}
+
+// dropView lets go of the standby's copy: it waits for the reads in
+// progress, and no read starts on it after.
+func (r *slotRun) dropView() {
+	r.viewMu.Lock()
+	defer r.viewMu.Unlock()
+	r.copyDB = nil
+	if v := r.view.Swap(nil); v != nil {
+		_ = v.store.Close() // the copy stays open: the tail closes it
+	}
+}
+
+// acquireView returns the standby's read view, refreshed up to what its
+// copy has applied, and the release to call once the read is answered;
+// nil when the standby is not tailing (catching up, stopping) or its copy
+// holds nothing yet.
+func (m *memberRun) acquireView(r *slotRun) (*standbyView, func()) {
+	r.viewMu.RLock()
+	if r.copyDB == nil || !r.ready.Load() || r.stopping.Load() {
+		r.viewMu.RUnlock()
+		return nil, nil
+	}
+	v := r.view.Load()
+	if v == nil {
+		r.viewOpen.Lock()
+		if v = r.view.Load(); v == nil {
+			st, err := storage.OpenCopy(r.copyDB, storage.Options{Logger: m.log})
+			if err != nil {
+				if !errors.Is(err, storage.ErrEmptyCopy) {
+					m.log.Warn("member: a standby's copy could not be opened for reads", "slot", r.slot, "err", err)
+				}
+				r.viewOpen.Unlock()
+				r.viewMu.RUnlock()
+				return nil, nil
+			}
+			v = &standbyView{store: st, h: api.Handler(st, api.Options{ReadAPI: true, Auth: m.auth, Logger: m.log.With("slot", r.slot, "role", roleStandby)})}
+			r.view.Store(v)
+		}
+		r.viewOpen.Unlock()
+	}
+	if applied := r.applied.Load(); v.refreshed.Load() != applied {
+		if err := v.store.Refresh(); err != nil {
+			m.log.Warn("member: a standby's copy could not be refreshed for reads", "slot", r.slot, "err", err)
+			r.viewMu.RUnlock()
+			return nil, nil
+		}
+		v.refreshed.Store(applied)
+	}
+	return v, r.viewMu.RUnlock
+}
+
+// localStandby returns this member's standby run of slot s, or nil.
+func (m *memberRun) localStandby(s int) *slotRun {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.slots[s]; r != nil && r.role == roleStandby && !r.stopping.Load() {
+		return r
+	}
+	return nil
+}
+
+// standbyRead answers a read of an entity (a node or an edge, its edges,
+// its history) from this member's standby copy of slot s, at the position
+// the copy has applied: the answer's as_of_tx says where, and it is never
+// above what the owner committed (the copy holds only write-sets the
+// changelog acknowledged). Receipts and erasures are left to the owner.
+// It reports whether it answered.
+func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) bool {
+	if !standbyAnswers(r) {
+		return false
+	}
+	run := m.localStandby(s)
+	if run == nil {
+		return false
+	}
+	v, release := m.acquireView(run)
+	if v == nil {
+		return false
+	}
+	defer release()
+	// A copy's committed tx moves only when a read refreshes it: a read
+	// that waits would wait for nothing (and hold the copy from its tail).
+	q := r.URL.Query()
+	if q.Has("wait") {
+		q.Del("wait")
+		r = r.Clone(r.Context())
+		r.URL.RawQuery = q.Encode()
+	}
+	w.Header().Set(hdrReadFrom, "standby")
+	v.h.ServeHTTP(w, r)
+	return true
+}
+
+// standbyAnswers: the reads a standby's copy answers (an entity, its
+// edges, its history), not a request's receipt or an erasure (those the
+// owner answers, from registries a copy does not keep).
+func standbyAnswers(r *http.Request) bool {
+	rest := strings.TrimPrefix(r.URL.Path, "/v1/tenants/"+r.PathValue("t")+"/")
+	return strings.HasPrefix(rest, "nodes/") || strings.HasPrefix(rest, "edges/")
 }
 
 // handler is the member's HTTP.
@@ -1246,7 +1369,10 @@ type SlotView struct {
 	Ready      bool              `json:"owner_ready"`
 	Standby    map[string]uint64 `json:"standby_applied"`
 	Lag        map[string]uint64 `json:"standby_lag"`
-	Checkpoint *CheckpointView   `json:"last_checkpoint,omitempty"`
+	// Reads: the standbys tailing the changelog, which answer the slot's
+	// entity reads at their applied position while no owner answers.
+	Reads      []string        `json:"standby_reads"`
+	Checkpoint *CheckpointView `json:"last_checkpoint,omitempty"`
 }
 
 // CheckpointView is a slot's last checkpoint, as its owner (this member)
@@ -1271,7 +1397,7 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 	owned := []int{}
 	for _, a := range m.assign {
 		v := SlotView{Slot: a.Slot, Owner: a.Owner, Epoch: a.Epoch, Standbys: a.Standbys, Prev: a.Prev, Changed: a.Changed,
-			Standby: map[string]uint64{}, Lag: map[string]uint64{}}
+			Standby: map[string]uint64{}, Lag: map[string]uint64{}, Reads: []string{}}
 		for p := a.Slot; p < m.cfg.Partitions; p += m.n {
 			v.Partitions = append(v.Partitions, p)
 			if a.Owner == m.id {
@@ -1283,6 +1409,9 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 		for _, sb := range a.Standbys {
 			if ss, ok := byID[sb].Slots[a.Slot]; ok && ss.Role == roleStandby {
 				v.Standby[sb] = ss.Applied
+				if ss.Ready {
+					v.Reads = append(v.Reads, sb)
+				}
 				if v.Applied > ss.Applied {
 					v.Lag[sb] = v.Applied - ss.Applied
 				} else {
@@ -1376,6 +1505,11 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			if m.forward(w, r, url) {
 				return
 			}
+		}
+		// No serving owner answered (a failover, a move): a standby copy
+		// here answers at once, at its applied position.
+		if m.localOwner(s) == nil && m.standbyRead(w, r, s) {
+			return
 		}
 		if time.Now().After(deadline) {
 			w.Header().Set("Retry-After", "1")

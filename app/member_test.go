@@ -413,21 +413,7 @@ func TestMemberCutOffFromNATSServesNoStaleRead(t *testing.T) {
 	a.settledOn(t, "a")
 	b := startMemberIn(t, ns, "b", t.TempDir(), 1)
 	v := b.settledOn(t, "a", "b")
-	slotA := -1
-	for _, as := range v.Assignments {
-		if as.Owner == "a" {
-			slotA = as.Slot
-		}
-	}
-	if slotA < 0 {
-		t.Fatalf("a owns no slot: %+v", v)
-	}
-	tenant := ""
-	for i := 0; tenant == ""; i++ {
-		if name := fmt.Sprintf("acme%d", i); queue.Partition(name, 4)%2 == slotA {
-			tenant = name
-		}
-	}
+	_, tenant := ownedTenant(t, v, "a")
 	bus := newBus(t, ns)
 	old := uuid.NewString()
 	mustOK(t, bus.wait(bus.send(tenant, node(old))))
@@ -612,4 +598,102 @@ func TestGroupStatusPage(t *testing.T) {
 	close(hold.release)
 	released = true
 	mustOK(t, bus.wait(del))
+}
+
+// TestStandbyAnswersReadsDuringAFailover (issue 30 item 3): when a slot's
+// owner is cut off from NATS, a read through the member holding its
+// standby is answered at once from the standby's copy (200, marked as
+// such, with an as_of_tx at or above the write it reads) until that member
+// owns the slot; no read of the node answers 404 or 5xx but a 503 while
+// the standby is promoted.
+func TestStandbyAnswersReadsDuringAFailover(t *testing.T) {
+	ns := testnats.Start(t)
+	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	// A longer TTL than the other member tests: the owner's lease (4 s)
+	// runs out 2 s before its record expires, the window in which only the
+	// standby can answer.
+	a := startMemberOpts(t, proxy.URL(), "a", t.TempDir(), 1, Options{}, "--member-ttl", "6s")
+	a.settledOn(t, "a")
+	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{}, "--member-ttl", "6s")
+	v := b.settledOn(t, "a", "b")
+	slotA, tenant := ownedTenant(t, v, "a")
+	bus := newBus(t, ns)
+	id := uuid.NewString()
+	put := mustOK(t, bus.wait(bus.send(tenant, node(id))))
+	// b's standby has applied the put (its applied sequence reached the
+	// owner's).
+	testnats.Eventually(t, 30*time.Second, "b's standby applies the put", func() bool {
+		var pv struct {
+			Assignments []struct {
+				Slot           int               `json:"slot"`
+				OwnerApplied   uint64            `json:"owner_applied"`
+				StandbyApplied map[string]uint64 `json:"standby_applied"`
+			} `json:"assignments"`
+		}
+		resp, err := http.Get(b.base + "/v1/partitions")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		if json.NewDecoder(resp.Body).Decode(&pv) != nil {
+			return false
+		}
+		for _, as := range pv.Assignments {
+			if as.Slot == slotA {
+				return as.OwnerApplied > 0 && as.StandbyApplied["b"] >= as.OwnerApplied
+			}
+		}
+		return false
+	})
+
+	proxy.Cut()
+	path := b.base + "/v1/tenants/" + tenant + "/nodes/" + id
+	fromStandby, fromOwner := 0, 0
+	testnats.Eventually(t, 60*time.Second, "reads through b answered by its standby, then by b as the owner", func() bool {
+		resp, err := http.Get(path)
+		if err != nil {
+			t.Fatalf("read through b: %v", err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			AsOfTx string `json:"as_of_tx"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		switch {
+		case resp.StatusCode == http.StatusOK && resp.Header.Get(hdrReadFrom) == "standby":
+			if body.AsOfTx < put.TxTime {
+				t.Fatalf("the standby answered at as_of_tx %q, below the put's tx %q", body.AsOfTx, put.TxTime)
+			}
+			fromStandby++
+		case resp.StatusCode == http.StatusOK:
+			if fromStandby > 0 {
+				fromOwner++ // the standby was promoted: b owns the slot
+			}
+		case resp.StatusCode == http.StatusServiceUnavailable:
+		default:
+			t.Fatalf("a read through b during the failover answered %d", resp.StatusCode)
+		}
+		return fromOwner > 0
+	})
+	t.Logf("%d reads answered by b's standby before b owned the slot", fromStandby)
+}
+
+// ownedTenant returns a slot that member id owns in v (2 slots of 4
+// partitions) and a tenant of that slot.
+func ownedTenant(t *testing.T, v dynView, id string) (int, string) {
+	t.Helper()
+	slot := -1
+	for _, as := range v.Assignments {
+		if as.Owner == id {
+			slot = as.Slot
+		}
+	}
+	if slot < 0 {
+		t.Fatalf("%s owns no slot: %+v", id, v)
+	}
+	for i := 0; ; i++ {
+		if name := fmt.Sprintf("acme%d", i); queue.Partition(name, 4)%2 == slot {
+			return slot, name
+		}
+	}
 }
