@@ -1064,3 +1064,117 @@ func TestDynamicEraseLeavesNoCopy(t *testing.T) {
 	}
 	t.Logf("the erased data left every file: the streams, buckets and copies within seconds, the R3 Raft logs %.0f s after the result", time.Since(erasedAt).Seconds())
 }
+
+// TestDynamicStandbyAnswersDuringFailover (issue 30 item 3): three member
+// processes on a 3-server NATS cluster, one standby per slot. SIGKILL the
+// owner of slot 0: until the standby is promoted, reads through the
+// standby's member of nodes acknowledged before the kill are answered 200
+// by the standby's copy (Telha-Read-From: standby) at an as_of_tx at or
+// above every acknowledged write, or 503; never 404 or another 5xx. Then
+// the promoted owner answers them.
+func TestDynamicStandbyAnswersDuringFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a NATS cluster and three worker processes")
+	}
+	g, _ := newDynGroup(t, "--member-ttl", "6s", "--standbys", "1")
+	ids := []string{"w0", "w1", "w2"}
+	var ps []*memberProc
+	for _, id := range ids {
+		ps = append(ps, g.start(id, ""))
+	}
+	g.settled(ps[0], ids, true, 90*time.Second)
+	tenants, slotOf := tenantsPerSlot()
+	tenant := ""
+	for _, tn := range tenants {
+		if slotOf[tn] == 0 {
+			tenant = tn
+			break
+		}
+	}
+	l := newDynLoad(t, g.urls, []string{tenant}, slotOf)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		l.putNode(ctx, tenant, uuid.New())
+	}
+	l.waitAnswered(60 * time.Second)
+	nodes := l.checkOnce()
+	lastTx := ""
+	l.mu.Lock()
+	for _, rs := range l.results {
+		for _, r := range rs {
+			lastTx = max(lastTx, r.TxTime)
+		}
+	}
+	l.mu.Unlock()
+
+	// Slot 0's owner and standby, once the standby has applied what the
+	// owner has.
+	var victim, standby *memberProc
+	testnats.Eventually(t, 60*time.Second, "slot 0's standby catches up", func() bool {
+		var v partitionsView
+		if code, err := getJSON(ps[0].base()+"/v1/partitions", &v); err != nil || code != 200 {
+			return false
+		}
+		for _, a := range v.Assignments {
+			if a.Slot != 0 || len(a.Standbys) != 1 || a.Applied == 0 || a.Standby[a.Standbys[0]] < a.Applied {
+				continue
+			}
+			for _, p := range ps {
+				switch p.id {
+				case a.Owner:
+					victim = p
+				case a.Standbys[0]:
+					standby = p
+				}
+			}
+			return victim != nil && standby != nil
+		}
+		return false
+	})
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	killedAt := time.Now()
+
+	c := http.Client{Timeout: 30 * time.Second}
+	fromStandby, fromOwner, unavailable := 0, 0, 0
+	deadline := time.Now().Add(90 * time.Second)
+	for fromOwner < len(nodes) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no promoted owner answered within 90 s (standby answered %d, 503 %d)", fromStandby, unavailable)
+		}
+		fromOwner = 0
+		for _, n := range nodes {
+			resp, err := c.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", standby.base(), n.tenant, n.id))
+			if err != nil {
+				t.Fatalf("read through %s: %v", standby.id, err)
+			}
+			var body struct {
+				AsOfTx string `json:"as_of_tx"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusOK && resp.Header.Get("Telha-Read-From") == "standby":
+				if body.AsOfTx < lastTx {
+					t.Fatalf("the standby answered %s/%s at as_of_tx %s, below the last acknowledged write's %s", n.tenant, n.id, body.AsOfTx, lastTx)
+				}
+				if fromStandby++; fromStandby == 1 {
+					t.Logf("first read answered by the standby %.2f s after the SIGKILL", time.Since(killedAt).Seconds())
+				}
+			case resp.StatusCode == http.StatusOK:
+				fromOwner++
+			case resp.StatusCode == http.StatusServiceUnavailable:
+				unavailable++
+			default:
+				t.Fatalf("%s/%s read %d through %s during the failover", n.tenant, n.id, resp.StatusCode, standby.id)
+			}
+		}
+	}
+	t.Logf("through %s after the SIGKILL of %s: %d reads answered by the standby, %d 503 while it was promoted, then every node by the owner %.1f s after the kill",
+		standby.id, victim.id, fromStandby, unavailable, time.Since(killedAt).Seconds())
+	if fromStandby == 0 {
+		t.Fatal("no read was answered by the standby before it was promoted")
+	}
+}
