@@ -80,6 +80,9 @@ const (
 	// hdrReadFrom says a read was answered by a standby's copy, not the
 	// owner (its as_of_tx is the copy's position).
 	hdrReadFrom = "Telha-Read-From"
+	// hdrStandbyRead marks a read forwarded to a member for its standby's
+	// copy to answer (the slot's owner did not answer the forwarder).
+	hdrStandbyRead = "Telha-Standby-Read"
 )
 
 // memberRun is one running member.
@@ -1067,6 +1070,27 @@ func (m *memberRun) localStandby(s int) *slotRun {
 	return nil
 }
 
+// standbyURLs returns the advertised URLs of the other members whose
+// standby of slot s tails the changelog (as of their last renewal).
+func (m *memberRun) standbyURLs(s int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s >= len(m.assign) {
+		return nil
+	}
+	var out []string
+	for _, id := range m.assign[s].Standbys {
+		for _, mm := range m.members {
+			if mm.ID == id && id != m.id && mm.URL != "" {
+				if st, ok := mm.Slots[s]; ok && st.Role == roleStandby && st.Ready {
+					out = append(out, mm.URL)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // standbyRead answers a read of an entity (a node or an edge, its edges,
 // its history) from this member's standby copy of slot s, at the position
 // the copy has applied: the answer's as_of_tx says where, and it is never
@@ -1495,6 +1519,11 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		} else if forwarded && !m.assignedHere(s) {
+			// Forwarded to this member's standby (its owner did not answer
+			// the member that forwarded it).
+			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s) {
+				return
+			}
 			// Forwarded here, but the slot is not (or no longer) this
 			// member's: say so at once, so the member that forwarded it
 			// routes again, rather than waiting out --forward-wait here.
@@ -1507,9 +1536,19 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		// No serving owner answered (a failover, a move): a standby copy
-		// here answers at once, at its applied position.
+		// answers at once, at its applied position: this member's, or
+		// another member's (forwarded, marked for its standby).
 		if m.localOwner(s) == nil && m.standbyRead(w, r, s) {
 			return
+		}
+		if !forwarded && m.localOwner(s) == nil {
+			for _, url := range m.standbyURLs(s) {
+				sr := r.Clone(r.Context())
+				sr.Header.Set(hdrStandbyRead, "1")
+				if standbyAnswers(r) && m.forward(w, sr, url) {
+					return
+				}
+			}
 		}
 		if time.Now().After(deadline) {
 			w.Header().Set("Retry-After", "1")

@@ -1067,8 +1067,9 @@ func TestDynamicEraseLeavesNoCopy(t *testing.T) {
 
 // TestDynamicStandbyAnswersDuringFailover (issue 30 item 3): three member
 // processes on a 3-server NATS cluster, one standby per slot. SIGKILL the
-// owner of slot 0: until the standby is promoted, reads through the
-// standby's member of nodes acknowledged before the kill are answered 200
+// owner of slot 0: until the standby is promoted, reads of nodes
+// acknowledged before the kill, through the standby's member and through
+// the third member (which forwards them to the standby), are answered 200
 // by the standby's copy (Telha-Read-From: standby) at an as_of_tx at or
 // above every acknowledged write, or 503; never 404 or another 5xx. Then
 // the promoted owner answers them.
@@ -1137,44 +1138,53 @@ func TestDynamicStandbyAnswersDuringFailover(t *testing.T) {
 	<-victim.done
 	killedAt := time.Now()
 
+	var third *memberProc
+	for _, p := range ps {
+		if p != victim && p != standby {
+			third = p
+		}
+	}
 	c := http.Client{Timeout: 30 * time.Second}
-	fromStandby, fromOwner, unavailable := 0, 0, 0
+	fromStandby := map[string]int{}
+	fromOwner, unavailable := 0, 0
 	deadline := time.Now().Add(90 * time.Second)
-	for fromOwner < len(nodes) {
+	for fromOwner < 2*len(nodes) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no promoted owner answered within 90 s (standby answered %d, 503 %d)", fromStandby, unavailable)
+			t.Fatalf("no promoted owner answered within 90 s (standby answered %v, 503 %d)", fromStandby, unavailable)
 		}
 		fromOwner = 0
-		for _, n := range nodes {
-			resp, err := c.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", standby.base(), n.tenant, n.id))
-			if err != nil {
-				t.Fatalf("read through %s: %v", standby.id, err)
-			}
-			var body struct {
-				AsOfTx string `json:"as_of_tx"`
-			}
-			_ = json.NewDecoder(resp.Body).Decode(&body)
-			resp.Body.Close()
-			switch {
-			case resp.StatusCode == http.StatusOK && resp.Header.Get("Telha-Read-From") == "standby":
-				if body.AsOfTx < lastTx {
-					t.Fatalf("the standby answered %s/%s at as_of_tx %s, below the last acknowledged write's %s", n.tenant, n.id, body.AsOfTx, lastTx)
+		for _, p := range []*memberProc{standby, third} {
+			for _, n := range nodes {
+				resp, err := c.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", p.base(), n.tenant, n.id))
+				if err != nil {
+					t.Fatalf("read through %s: %v", p.id, err)
 				}
-				if fromStandby++; fromStandby == 1 {
-					t.Logf("first read answered by the standby %.2f s after the SIGKILL", time.Since(killedAt).Seconds())
+				var body struct {
+					AsOfTx string `json:"as_of_tx"`
 				}
-			case resp.StatusCode == http.StatusOK:
-				fromOwner++
-			case resp.StatusCode == http.StatusServiceUnavailable:
-				unavailable++
-			default:
-				t.Fatalf("%s/%s read %d through %s during the failover", n.tenant, n.id, resp.StatusCode, standby.id)
+				_ = json.NewDecoder(resp.Body).Decode(&body)
+				resp.Body.Close()
+				switch {
+				case resp.StatusCode == http.StatusOK && resp.Header.Get("Telha-Read-From") == "standby":
+					if body.AsOfTx < lastTx {
+						t.Fatalf("the standby answered %s/%s at as_of_tx %s, below the last acknowledged write's %s", n.tenant, n.id, body.AsOfTx, lastTx)
+					}
+					if fromStandby[p.id]++; fromStandby[p.id] == 1 {
+						t.Logf("first read through %s answered by the standby %.2f s after the SIGKILL", p.id, time.Since(killedAt).Seconds())
+					}
+				case resp.StatusCode == http.StatusOK:
+					fromOwner++
+				case resp.StatusCode == http.StatusServiceUnavailable:
+					unavailable++
+				default:
+					t.Fatalf("%s/%s read %d through %s during the failover", n.tenant, n.id, resp.StatusCode, p.id)
+				}
 			}
 		}
 	}
-	t.Logf("through %s after the SIGKILL of %s: %d reads answered by the standby, %d 503 while it was promoted, then every node by the owner %.1f s after the kill",
-		standby.id, victim.id, fromStandby, unavailable, time.Since(killedAt).Seconds())
-	if fromStandby == 0 {
-		t.Fatal("no read was answered by the standby before it was promoted")
+	t.Logf("after the SIGKILL of %s (standby %s): reads answered by the standby %v, %d 503 while it was promoted, then every node by the owner %.1f s after the kill",
+		victim.id, standby.id, fromStandby, unavailable, time.Since(killedAt).Seconds())
+	if fromStandby[standby.id] == 0 || fromStandby[third.id] == 0 {
+		t.Fatalf("reads answered by the standby before it was promoted, by member: %v; want some through %s and through %s", fromStandby, standby.id, third.id)
 	}
 }
