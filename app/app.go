@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -88,7 +89,13 @@ type Options struct {
 	// process, not per slot), flushes it when it stops and never closes
 	// it.
 	Conn *nats.Conn
+	// auth, set by a dynamic member for its slots' cores, is the member's
+	// access control (one tokens file read and watched per process).
+	auth *api.Auth
 }
+
+// deniedReasons are the reasons of telha_api_denied_total.
+var deniedReasons = []string{"unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only"}
 
 // Host is what a member gives its slots' status page (Options.Host): the
 // figures of the member, whichever of its slots serves the page.
@@ -278,34 +285,26 @@ func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options)
 	}()
 	a.metrics = metrics.New(Build, metrics.Labels{
 		Ops: opNames(), Statuses: queue.Statuses(), UnknownOpStatuses: queue.UnknownOpStatuses(), DeadLetterReasons: queue.DeadLetterReasons(),
-		DeniedReasons: []string{"unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only"},
+		DeniedReasons: deniedReasons,
 		Paths:         []string{string(cascade.PathInline), string(cascade.PathJournaled)},
 	})
 
-	tp := opts.TracerProvider
-	if tp == nil && cfg.OTLPEndpoint != "" {
-		sdk, err := newOTLP(cfg.OTLPEndpoint)
-		if err != nil {
-			return fmt.Errorf("%w: --otlp-endpoint %q: %v", ErrUsage, cfg.OTLPEndpoint, err)
-		}
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := sdk.Shutdown(ctx); err != nil {
-				log.Warn("flushing the last spans", "err", err)
-			}
-		}()
-		tp = sdk
-		log.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
-	}
-	a.tracer = tp
-	auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
+	tp, stopTracing, err := tracerFor(opts, cfg, log)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUsage, err)
+		return err
 	}
-	a.auth = auth
+	defer stopTracing()
+	a.tracer = tp
+	a.auth = opts.auth // a member's, checked and counted once for all its slots
+	if a.auth == nil {
+		auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+		a.auth = auth
+	}
 	if !cfg.slotCore { // a member says these once, not once per slot
-		logStartChoices(log, cfg, auth.Mode())
+		logStartChoices(log, cfg, a.auth.Mode())
 	}
 
 	// HTTP first: /healthz answers while a long startup resume runs.
@@ -1129,8 +1128,43 @@ func (f *inflight) count() int {
 }
 
 // newOTLP is the OTLP/HTTP trace exporter behind a batching provider.
+// tracerFor returns the tracer provider of a process: opts' if set, else
+// one exporting to --otlp-endpoint (nil when it is empty), and the func
+// that flushes and stops it.
+func tracerFor(opts Options, cfg Config, log *slog.Logger) (trace.TracerProvider, func(), error) {
+	if opts.TracerProvider != nil || cfg.OTLPEndpoint == "" {
+		return opts.TracerProvider, func() {}, nil
+	}
+	sdk, err := newOTLP(cfg.OTLPEndpoint)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: --otlp-endpoint %q: %v", ErrUsage, cfg.OTLPEndpoint, err)
+	}
+	log.Info("tracing on", "otlp_endpoint", cfg.OTLPEndpoint)
+	return sdk, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := sdk.Shutdown(ctx); err != nil {
+			log.Warn("flushing the last spans", "err", err)
+		}
+	}, nil
+}
+
+// tracesURL is the URL spans are posted to: endpoint is the collector's
+// base URL (http://collector:4318, as OTEL_EXPORTER_OTLP_ENDPOINT is), to
+// which the traces path /v1/traces is added; a URL with a path of its own
+// is used as it is. (The exporter posts to a URL's own path, "/" when it
+// has none, where a collector answers 404.)
+func tracesURL(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Path != "" && u.Path != "/") {
+		return endpoint
+	}
+	u.Path = "/v1/traces"
+	return u.String()
+}
+
 func newOTLP(endpoint string) (*sdktrace.TracerProvider, error) {
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(endpoint))
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(tracesURL(endpoint)))
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,7 @@ type memberRun struct {
 	js     jetstream.JetStream
 	reg    *member.Registry
 	auth   *api.Auth
-	proms  *prometheus.Registry
+	proms  *metrics.MemberMetrics
 	client *http.Client
 
 	mu    sync.Mutex
@@ -225,16 +225,26 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 
 func (m *memberRun) run(ctx context.Context) (err error) {
 	m.started = time.Now()
-	auth, err := api.NewAuth(api.AuthConfig{Mode: m.cfg.AuthMode(), TokensFile: m.cfg.AuthTokensFile, Logger: m.log})
+	m.proms = metrics.NewMemberMetrics(Build, metrics.MemberState{
+		Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
+		Moves: m.moves.Load, Fenced: m.fenced.Load,
+	}, deniedReasons)
+	// One access control for the member and its slots: the tokens file is
+	// read and watched once, and every refusal is counted once, here.
+	auth, err := api.NewAuth(api.AuthConfig{Mode: m.cfg.AuthMode(), TokensFile: m.cfg.AuthTokensFile, Logger: m.log, Denied: m.proms.Denied})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	m.auth = auth
 	logStartChoices(m.log, m.cfg, auth.Mode())
-	m.proms = metrics.NewMemberRegistry(Build, metrics.MemberState{
-		Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
-		Moves: m.moves.Load, Fenced: m.fenced.Load,
-	})
+	// One tracer for the member's slots (coreConfig leaves their
+	// --otlp-endpoint empty): one exporter per process, not per slot.
+	tp, stopTracing, err := tracerFor(m.opts, m.cfg, m.log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	m.opts.TracerProvider = tp
 	ln, err := net.Listen("tcp", m.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on --http-addr %s: %w", m.cfg.HTTPAddr, err)
@@ -896,6 +906,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
 	o.Conn = m.nc // one NATS connection per member, not one per slot
+	o.auth = m.auth
 	o.Host = m.host()
 	o.OnReady = func(a *App) {
 		r.served.Store(true)
@@ -1222,7 +1233,7 @@ func (m *memberRun) startingReason(s int, r *slotRun) string {
 // metricsHandler merges the member's families with every local core's,
 // each labelled with its slot.
 func (m *memberRun) metricsHandler(w http.ResponseWriter, r *http.Request) {
-	gs := prometheus.Gatherers{m.proms}
+	gs := prometheus.Gatherers{m.proms.Registry}
 	m.mu.Lock()
 	for s, run := range m.slots {
 		if a := run.app.Load(); a != nil {

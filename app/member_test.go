@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -696,4 +697,76 @@ func ownedTenant(t *testing.T, v dynView, id string) (int, string) {
 			return slot, name
 		}
 	}
+}
+
+// TestMemberSharesAuthAndTracer (issue 30 item 1: one auth, one tracer per
+// process): a member checks every read once, with the one tokens file, and
+// counts what it refuses in telha_api_denied_total (before, a member's
+// refusals were counted nowhere); with --otlp-endpoint its slots' spans
+// reach the collector (before, dynamic mode traced nothing).
+func TestMemberSharesAuthAndTracer(t *testing.T) {
+	ns := testnats.Start(t)
+	var mu sync.Mutex
+	posts := 0
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/traces" {
+			mu.Lock()
+			posts++
+			mu.Unlock()
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(collector.Close)
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	if err := os.WriteFile(path, []byte(`{"tokens": [{"name": "app", "token": "acme-reader-token-0001", "tenants": ["*"], "role": "read"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := startMemberOpts(t, ns.ClientURL(), "a", t.TempDir(), 0, Options{},
+		"--auth", "tokens", "--auth-tokens-file", path, "--otlp-endpoint", collector.URL)
+	testnats.Eventually(t, 60*time.Second, "the member is ready", func() bool {
+		resp, err := http.Get(m.base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	for i := 0; i < 3; i++ {
+		resp, err := http.Get(m.base + "/v1/tenants/acme/nodes/" + uuid.NewString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a read without a token answered %d, want 401", resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(m.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	denied := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, `telha_api_denied_total{reason="unauthenticated"`); ok {
+			var f float64
+			if _, err := fmt.Sscan(rest[strings.Index(rest, " ")+1:], &f); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			denied += f
+		}
+	}
+	if denied != 3 {
+		t.Fatalf("telha_api_denied_total{reason=\"unauthenticated\"} sums to %v over the member's series, want 3", denied)
+	}
+
+	bus := newBus(t, ns)
+	mustOK(t, bus.wait(bus.send("acme", node(uuid.NewString()))))
+	testnats.Eventually(t, 30*time.Second, "the slot's spans reach the collector", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return posts > 0
+	})
 }

@@ -145,3 +145,21 @@ func TestTraceContextAcrossTheQueue(t *testing.T) {
 	check("invalid request", tr, waitHeader(rid), "telha.decode", "telha.dead_letter")
 	check("its dead letter", tr, waitHeader("dlq:"+tenant+"."+rid))
 }
+
+// TestTracesURL: --otlp-endpoint is the collector's base URL, as
+// OTEL_EXPORTER_OTLP_ENDPOINT is: spans go to its /v1/traces (the exporter
+// alone posted to "/", where a collector answers 404); a URL with a path
+// of its own is kept.
+func TestTracesURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://collector:4318":             "http://collector:4318/v1/traces",
+		"http://collector:4318/":            "http://collector:4318/v1/traces",
+		"https://otel.example:443":          "https://otel.example:443/v1/traces",
+		"http://collector:4318/v1/traces":   "http://collector:4318/v1/traces",
+		"http://gateway:8080/tenant/traces": "http://gateway:8080/tenant/traces",
+	} {
+		if got := tracesURL(in); got != want {
+			t.Errorf("tracesURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

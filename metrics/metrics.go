@@ -137,9 +137,7 @@ func New(b Build, l Labels) *Metrics {
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
-		APIDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "telha_api_denied_total", Help: "Read-API requests refused by access control, by reason (unauthenticated, forbidden_tenant, forbidden_role, loopback_only).",
-		}, []string{"reason"}),
+		APIDenied: newAPIDenied(),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
@@ -205,6 +203,14 @@ func known(set map[string]bool, v, alt string) string {
 		return v
 	}
 	return alt
+}
+
+// newAPIDenied is telha_api_denied_total: one family, whether a store's
+// registry or a member's holds it (the same help, so /metrics merges them).
+func newAPIDenied() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "telha_api_denied_total", Help: "Read-API requests refused by access control, by reason (unauthenticated, forbidden_tenant, forbidden_role, loopback_only).",
+	}, []string{"reason"})
 }
 
 // Denied counts a read-API request refused by access control.

@@ -40,18 +40,37 @@ type MemberState struct {
 	Moves, Fenced func() uint64
 }
 
-// NewMemberRegistry is the registry of a dynamic member's own families
-// (the slots' stores have their own registries, merged at /metrics with a
-// slot label): telha_partition_*, telha_member_*.
-func NewMemberRegistry(b Build, st MemberState) *prometheus.Registry {
+// MemberMetrics is a dynamic member's own families (the slots' stores have
+// their own registries, merged at /metrics with a slot label):
+// telha_partition_*, telha_member_*, and telha_api_denied_total for the
+// reads the member refuses itself (it checks every caller once, for all
+// its slots: those series carry no slot label).
+type MemberMetrics struct {
+	Registry      *prometheus.Registry
+	apiDenied     *prometheus.CounterVec
+	deniedReasons map[string]bool
+}
+
+// NewMemberMetrics registers a member's families; deniedReasons are the
+// reasons of telha_api_denied_total (each starts at 0).
+func NewMemberMetrics(b Build, st MemberState, deniedReasons []string) *MemberMetrics {
 	r := prometheus.NewRegistry()
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 	}, []string{"version", "revision", "goversion"})
 	bi.WithLabelValues(b.Version, b.Revision, runtime.Version()).Set(1)
-	r.MustRegister(bi, &memberCollector{st: st},
+	m := &MemberMetrics{Registry: r, apiDenied: newAPIDenied(), deniedReasons: setOf(deniedReasons)}
+	for _, reason := range deniedReasons {
+		m.apiDenied.WithLabelValues(reason)
+	}
+	r.MustRegister(bi, &memberCollector{st: st}, m.apiDenied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return r
+	return m
+}
+
+// Denied counts a read the member refused (access control).
+func (m *MemberMetrics) Denied(reason string) {
+	m.apiDenied.WithLabelValues(known(m.deniedReasons, reason, Other)).Inc()
 }
 
 // SlotGatherer gathers a slot's registry with the label slot="<slot>" on
