@@ -1349,7 +1349,7 @@ func (m *memberRun) group() *ui.Group {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g := &ui.Group{Member: m.id, Owned: []int{},
-		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper are those of the lowest slot it owns."}
+		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper cards are those of the lowest slot it owns, and each slot's own are in the slots table."}
 	owns := map[string][]int{}
 	for _, a := range m.assign {
 		if a.Owner != "" {
@@ -1827,10 +1827,12 @@ func (m *memberRun) slotRows() []ui.SlotRow {
 		rows = append(rows, row)
 	}
 	m.mu.Unlock()
+	now := time.Now()
 	for _, o := range owners { // outside m.mu: see samples
 		if cs := o.app.ChangelogStatus(); !cs.LastAt.IsZero() {
 			rows[o.i].Checkpoint = fmt.Sprintf("seq %d, %s ago", cs.LastCheckpoint.Seq, time.Since(cs.LastAt).Round(time.Second))
 		}
+		rows[o.i].Queue, rows[o.i].Reaper = o.app.slotSummary(now)
 	}
 	return rows
 }

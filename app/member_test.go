@@ -596,6 +596,16 @@ func TestGroupStatusPage(t *testing.T) {
 			t.Errorf("m0's overview lacks %q", want)
 		}
 	}
+	// Each slot m0 owns has its own queue and reaper line; m1's slot
+	// leaves them to m1's page.
+	slot0 := 1 - slot1
+	testnats.Eventually(t, 20*time.Second, fmt.Sprintf("m0's slot %d row shows its queue", slot0), func() bool {
+		row := slotRowOf(get("/ui/"), slot0)
+		return strings.Contains(row, `<td class="slot-queue">pending `) && strings.Contains(row, `<td class="slot-reaper">`)
+	})
+	if row := slotRowOf(page, slot1); !strings.Contains(row, `<td class="slot-queue"></td>`) {
+		t.Errorf("m1's slot %d row shows a queue on m0's page: %s", slot1, row)
+	}
 	close(hold.release)
 	released = true
 	mustOK(t, bus.wait(del))
@@ -769,4 +779,17 @@ func TestMemberSharesAuthAndTracer(t *testing.T) {
 		defer mu.Unlock()
 		return posts > 0
 	})
+}
+
+// slotRowOf returns the row of slot s in a status page's slots table.
+func slotRowOf(page string, s int) string {
+	i := strings.Index(page, fmt.Sprintf(`<tr class="slot" data-slot="%d">`, s))
+	if i < 0 {
+		return ""
+	}
+	row := page[i:]
+	if j := strings.Index(row, "</tr>"); j >= 0 {
+		row = row[:j]
+	}
+	return row
 }

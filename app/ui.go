@@ -186,6 +186,34 @@ func (a *App) requestCounts() (map[string]float64, error) {
 }
 
 // roundUptime is a duration for people: 3d4h5m, 4h5m6s, 5m6s, 6s.
+// slotSummary is this slot's queue and reaper in a line each, for a
+// member's slots table (the overview's cards are one slot's).
+func (a *App) slotSummary(now time.Time) (queue, reaper string) {
+	queue, reaper = "-", "not yet"
+	if a.worker != nil {
+		if st := a.worker.Stats(); st != nil {
+			queue = fmt.Sprintf("pending %s, ack pending %s", ui.Num(st.Pending), ui.Num(st.AckPending))
+			if !st.Oldest.IsZero() {
+				queue += ", oldest " + roundUptime(max(now.Sub(st.Oldest), 0))
+			}
+		}
+		if ps := a.worker.PauseState(); ps.Paused {
+			queue = "paused (" + ps.String() + "); " + queue
+		}
+	}
+	if lr := a.lastRun.Load(); lr != nil {
+		switch {
+		case lr.res.Err != nil:
+			reaper = "error at " + lr.at.UTC().Format(time.RFC3339) + ": " + lr.res.Err.Error()
+		case lr.res.Skipped:
+			reaper = "skipped at " + lr.at.UTC().Format(time.RFC3339)
+		default:
+			reaper = fmt.Sprintf("ok at %s, resumed %d", lr.at.UTC().Format(time.RFC3339), lr.res.Resumed)
+		}
+	}
+	return queue, reaper
+}
+
 func roundUptime(d time.Duration) string {
 	d = d.Round(time.Second)
 	if days := d / (24 * time.Hour); days > 0 {

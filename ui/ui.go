@@ -142,6 +142,10 @@ type SlotRow struct {
 	Standbys   string // "member (lag n)", comma-separated
 	Applied    uint64
 	Checkpoint string // the owner's last checkpoint, when this member owns it
+	// Queue and Reaper: the slot's consumer (pending, paused) and last
+	// reaper pass, when this member owns it ("" otherwise: see its
+	// owner's page).
+	Queue, Reaper string
 }
 
 // StatusCount is one status's answered requests.
