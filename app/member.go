@@ -176,8 +176,17 @@ type slotRun struct {
 type standbyView struct {
 	store     *storage.Store
 	h         http.Handler
-	refreshed atomic.Uint64
+	refreshed atomic.Uint64 // the applied sequence of the last refresh
+	lastAt    atomic.Int64  // when (unix ns)
+	busy      atomic.Bool   // a refresh runs
 }
+
+// standbyRefreshEvery bounds how often reads refresh a standby's view: a
+// refresh reads every tenant's registry entry and journal heads, and a
+// view refreshed a moment ago is still safe to read (what committed since
+// lies above its committed tx; a journal removed since still fences, so a
+// read answers below it), only a little older.
+const standbyRefreshEvery = 100 * time.Millisecond
 
 // poke wakes the member's loop.
 func (m *memberRun) poke() {
@@ -1060,13 +1069,19 @@ func (m *memberRun) acquireView(r *slotRun) (*standbyView, func()) {
 		}
 		r.viewOpen.Unlock()
 	}
-	if applied := r.applied.Load(); v.refreshed.Load() != applied {
-		if err := v.store.Refresh(); err != nil {
+	if applied := r.applied.Load(); v.refreshed.Load() != applied && time.Since(time.Unix(0, v.lastAt.Load())) >= standbyRefreshEvery &&
+		v.busy.CompareAndSwap(false, true) {
+		err := v.store.Refresh()
+		v.lastAt.Store(time.Now().UnixNano())
+		if err == nil {
+			v.refreshed.Store(applied)
+		}
+		v.busy.Store(false)
+		if err != nil {
 			m.log.Warn("member: a standby's copy could not be refreshed for reads", "slot", r.slot, "err", err)
 			r.viewMu.RUnlock()
 			return nil, nil
 		}
-		v.refreshed.Store(applied)
 	}
 	return v, r.viewMu.RUnlock
 }
