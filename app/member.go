@@ -1571,7 +1571,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			for _, url := range m.standbyURLs(s) {
 				sr := r.Clone(r.Context())
 				sr.Header.Set(hdrStandbyRead, "1")
-				if standbyAnswers(r) && m.forward(w, sr, url) {
+				if standbyAnswers(r) && m.forwardIf(w, sr, url, m.standbyAnswered) {
 					return
 				}
 			}
@@ -1593,6 +1593,25 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 // answer; false (nothing written) when that member could not be reached
 // (gone) or owns the slot no more: the caller routes again.
 func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string) bool {
+	return m.forwardIf(w, r, base, func(int) bool { return true })
+}
+
+// standbyAnswered: a status a standby's copy answers a read with (the
+// read's answer, its bad request, and with tokens their refusal, which
+// the owner would give too); any other (a loopback-mode refusal of a
+// peer, a busy copy) is not passed on, and the read waits for the owner.
+func (m *memberRun) standbyAnswered(status int) bool {
+	switch status {
+	case http.StatusOK, http.StatusNotFound, http.StatusBadRequest:
+		return true
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return m.auth.Mode() == api.AuthTokens
+	}
+	return false
+}
+
+// forwardIf is forward, passing the answer on only when pass(status).
+func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base string, pass func(status int) bool) bool {
 	var body io.Reader
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		body = r.Body // the status page's POSTs (sign-in, dead letters, pause): sent once
@@ -1613,9 +1632,9 @@ func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string)
 		return false
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "" {
+	if (resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "") || !pass(resp.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return false // that member no longer owns the slot: route again
+		return false // that member no longer owns the slot (or cannot answer): route again
 	}
 	for k, vs := range resp.Header {
 		for _, v := range vs {

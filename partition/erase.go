@@ -73,11 +73,14 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 		if err != nil {
 			return fmt.Errorf("partition: checkpoint %s: %w", name, err)
 		}
-		want := 0
-		if !info.Deleted {
-			want = int(info.Chunks)
+		// How many chunks the subject holds now, from the stream's leader
+		// (not the object's chunk count: a delete cut short has
+		// overwritten some of them already).
+		si, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return fmt.Errorf("partition: object %s: count its chunks: %w", name, err)
 		}
-		seqs, err := sequencesOf(ctx, s, subject, want)
+		seqs, err := sequencesOf(ctx, s, subject, int(si.State.Subjects[subject]))
 		if err != nil {
 			return fmt.Errorf("partition: object %s: list its chunks: %w", name, err)
 		}
@@ -104,9 +107,9 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 // cluster its first request now and then met "no responders" (the new
 // consumer not yet known where the request arrived), and an erase was
 // retried for minutes (TestDynamicEraseLeavesNoCopy, CI at 7c11d4b).
-// want, when above zero, is how many messages the subject holds (an
-// object's chunk count): a replica that has not yet stored the newest
-// ones answers a direct get too, so a shorter list is read again.
+// want is how many messages the subject holds (as the stream's leader
+// counts them): a replica that has not yet stored the newest ones answers
+// a direct get too, so a shorter list is read again.
 func sequencesOf(ctx context.Context, s jetstream.Stream, subject string, want int) ([]uint64, error) {
 	var seqs []uint64
 	for attempt := 0; ; attempt++ {
