@@ -70,6 +70,15 @@ func (s *Store) Refresh() error {
 		}
 		s.tenantsMu.Unlock()
 	}
+	// The committed tx first, the journals after: a journal head applied
+	// after this read carries a tx above hwm (the owner's clock gave it
+	// after every write-set before it), so a read at hwm needs no fence
+	// of it; read the other way round, hwm could cover a head the scan
+	// missed, and a read would see its cascade half applied.
+	hwm, err := s.readHWM()
+	if err != nil {
+		return errors.Join(errors.New("refresh committed tx"), err)
+	}
 	present := map[string]bool{}
 	for _, sc := range s.Tenants() {
 		lo, hi := JobsInState(sc, CascadeJournalState)
@@ -95,10 +104,6 @@ func (s *Store) Refresh() error {
 			s.journals.remove(e)
 			close(e.removed)
 		}
-	}
-	hwm, err := s.readHWM()
-	if err != nil {
-		return errors.Join(errors.New("refresh committed tx"), err)
 	}
 	s.committed.advance(hwm)
 	return nil
