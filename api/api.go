@@ -22,6 +22,12 @@ import (
 
 // Options configure the handler. Every field is optional.
 type Options struct {
+	// Copy: the store is a copy another writer keeps (a standby's,
+	// storage.OpenCopy). Nothing is waited for on it (its committed tx
+	// and fences move only when the caller refreshes it): a later page
+	// meeting a cascade in flight, or whose cursor is above its committed
+	// tx, answers 503 with Retry-After.
+	Copy bool
 	// Ready reports readiness and, when not ready, why; when ready, the
 	// strings are notes (/readyz shows them, still 200).
 	Ready func() (bool, []string)
@@ -508,6 +514,23 @@ func (s *Server) settleEntity(ctx context.Context, p *params, k storage.Kind) er
 	return s.settle(ctx, p, latest.Src, latest.Dst)
 }
 
+// cursorAhead answers a later page whose cursor's coordinate t is above
+// the committed tx, and reports whether it did: 400 on the store that
+// issued it (it did not), 503 with Retry-After on a copy (Options.Copy),
+// which may simply not have applied t yet (the owner issued the cursor).
+func (s *Server) cursorAhead(w http.ResponseWriter, t storage.Ts) bool {
+	if t <= s.store.Committed() {
+		return false
+	}
+	if s.opts.Copy {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("this copy has not applied the cursor's coordinate (tx %s) yet; retry", t))
+		return true
+	}
+	s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", t))
+	return true
+}
+
 // Paging of the list reads: limit (default DefaultLimit, at most
 // MaxLimit) and an opaque cursor from the previous page's "next". A cursor
 // carries the coordinate of its first page, so every page of a walk answers
@@ -630,8 +653,7 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, bad("the cursor belongs to a walk at another coordinate or direction"))
 			return
 		}
-		if c.t > s.store.Committed() {
-			s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", c.t))
+		if s.cursorAhead(w, c.t) {
 			return
 		}
 		p.v, p.t = c.v, c.t
@@ -651,7 +673,11 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if c != nil {
-			removed, err := s.waitJournal(r.Context(), blocked, time.Now().Add(MaxWait))
+			deadline := time.Now().Add(MaxWait)
+			if s.opts.Copy {
+				deadline = time.Now() // a copy's fence drops only when a read refreshes it
+			}
+			removed, err := s.waitJournal(r.Context(), blocked, deadline)
 			if err != nil {
 				s.fail(w, err)
 				return
@@ -714,8 +740,7 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 				s.fail(w, bad("the cursor belongs to a history read at another tx (tx %s, the cursor's %s): drop tx, or start again without the cursor", p.asked, c.t))
 				return
 			}
-			if c.t > s.store.Committed() {
-				s.fail(w, bad("the cursor's coordinate (tx %s) is above the committed tx: this store did not issue it", c.t))
+			if s.cursorAhead(w, c.t) {
 				return
 			}
 			after = &[2]storage.Ts{c.tx, c.vals}

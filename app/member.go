@@ -1,6 +1,8 @@
 package app
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -1064,7 +1066,7 @@ func (m *memberRun) acquireView(r *slotRun) (*standbyView, func()) {
 				r.viewMu.RUnlock()
 				return nil, nil
 			}
-			v = &standbyView{store: st, h: api.Handler(st, api.Options{ReadAPI: true, Auth: m.auth, Logger: m.log.With("slot", r.slot, "role", roleStandby)})}
+			v = &standbyView{store: st, h: api.Handler(st, api.Options{ReadAPI: true, Copy: true, Auth: m.auth, Logger: m.log.With("slot", r.slot, "role", roleStandby)})}
 			r.view.Store(v)
 		}
 		r.viewOpen.Unlock()
@@ -1119,9 +1121,10 @@ func (m *memberRun) standbyURLs(s int) []string {
 
 // standbyRead answers a read of an entity (a node or an edge, its edges,
 // its history) from this member's standby copy of slot s, at the position
-// the copy has applied: the answer's as_of_tx says where, and it is never
-// above what the owner committed (the copy holds only write-sets the
-// changelog acknowledged). Receipts and erasures are left to the owner.
+// the copy has applied: the answer's as_of_tx says where. The copy holds
+// only write-sets the changelog acknowledged (the owner's commits, and at
+// most the group it is committing, which its successor replays).
+// Receipts and erasures are left to the owner.
 // It reports whether it answered.
 func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) bool {
 	if !standbyAnswers(r) {
@@ -1135,7 +1138,6 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) b
 	if v == nil {
 		return false
 	}
-	defer release()
 	// A copy's committed tx moves only when a read refreshes it: a read
 	// that waits would wait for nothing (and hold the copy from its tail).
 	q := r.URL.Query()
@@ -1144,9 +1146,39 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) b
 		r = r.Clone(r.Context())
 		r.URL.RawQuery = q.Encode()
 	}
+	// Answered into memory (a page is bounded: MaxLimit), and the copy let
+	// go before a slow client reads it: the tail must never wait for one
+	// to stop or to be promoted.
+	buf := &bufferedResponse{h: http.Header{}}
+	v.h.ServeHTTP(buf, r)
+	release()
+	for k, vs := range buf.h {
+		w.Header()[k] = vs
+	}
 	w.Header().Set(hdrReadFrom, "standby")
-	v.h.ServeHTTP(w, r)
+	w.WriteHeader(cmp.Or(buf.status, http.StatusOK))
+	_, _ = w.Write(buf.body.Bytes())
 	return true
+}
+
+// bufferedResponse is a ResponseWriter that keeps the answer in memory.
+type bufferedResponse struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *bufferedResponse) Header() http.Header { return b.h }
+
+func (b *bufferedResponse) WriteHeader(code int) {
+	if b.status == 0 {
+		b.status = code
+	}
+}
+
+func (b *bufferedResponse) Write(p []byte) (int, error) {
+	b.WriteHeader(http.StatusOK)
+	return b.body.Write(p)
 }
 
 // standbyAnswers: the reads a standby's copy answers (an entity, its

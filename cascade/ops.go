@@ -67,7 +67,9 @@ type Hooks struct {
 	// rows of an applier's scan of journal e's neighbourhood (rows read so
 	// far in this scan). It may block.
 	JournalScanned func(e *storage.JournalEntry, rows int)
-	// EraseScrubbed fires when an erase has scrubbed the disk.
+	// EraseScrubbed fires when an erase has scrubbed the disk and the
+	// copies (FinishErase; an erase whose copies an earlier erase of its
+	// round scrubbed reports Copies with a CopiesTook near zero).
 	EraseScrubbed func(st storage.ScrubStats)
 	// EraseChecked, a test signal, fires when an erase has found no
 	// journal in flight that may still write a version it must rewrite,

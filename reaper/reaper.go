@@ -318,10 +318,14 @@ func (s *Service) kickErase() {
 	}
 }
 
-// maxEraseBatch bounds the erases prepared before the first of them is
-// finished (a round's last erase waits for the prepares of those before
-// it).
-const maxEraseBatch = 32
+// maxEraseBatch and maxErasePrepare bound a round's prepares: its first
+// erase's answer waits for the prepares of those after it (each may wait
+// for a journal touching its entity), so a round stops preparing more
+// once it holds 32 or has prepared for 5 s; the rest go in the next.
+const (
+	maxEraseBatch   = 32
+	maxErasePrepare = 5 * time.Second
+)
 
 // eraseLoop applies erases oldest first: the ones handed over, those a
 // previous process left (its first round, at Start), and failed ones
@@ -355,11 +359,9 @@ type eraseAttempt struct {
 
 func (s *Service) eraseRound() {
 	var prepared []eraseAttempt
+	start := time.Now()
 	for _, e := range s.store.Erases().List() {
-		if s.ctx.Err() != nil {
-			return
-		}
-		if len(prepared) == maxEraseBatch {
+		if s.ctx.Err() != nil || len(prepared) == maxEraseBatch || (len(prepared) > 0 && time.Since(start) > maxErasePrepare) {
 			break
 		}
 		s.eraseMu.Lock()
@@ -379,15 +381,24 @@ func (s *Service) eraseRound() {
 		}
 		prepared = append(prepared, eraseAttempt{e: e, p: p, span: span})
 	}
-	for i, a := range prepared {
+	var scrubErr error
+	for _, a := range prepared {
 		if s.ctx.Err() != nil {
 			// Not finished: applied again from the start by the next process.
-			for _, a := range prepared[i:] {
-				a.span.End()
-			}
-			return
+			a.span.End()
+			continue
+		}
+		if scrubErr != nil {
+			// The copies could not be scrubbed for the erase before: each
+			// other would try the same scrub again (up to its bound) in
+			// turn. They fail with it, and are retried after their backoff.
+			s.eraseDone(a, storage.Receipt{}, scrubErr)
+			continue
 		}
 		rc, err := s.finishErase(a.p)
+		if errors.Is(err, storage.ErrScrub) {
+			scrubErr = err
+		}
 		s.eraseDone(a, rc, err)
 	}
 }

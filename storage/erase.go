@@ -374,7 +374,8 @@ type ScrubStats struct {
 	Took         time.Duration
 	ObsoleteLeft int64
 	// Copies: the copies outside the disk were scrubbed too (CopyScrubber),
-	// taking CopiesTook of it, the writer held meanwhile.
+	// taking CopiesTook of it (the writer is held only for its last
+	// steps: changelog.ScrubCopies).
 	Copies     bool
 	CopiesTook time.Duration
 }
