@@ -93,16 +93,17 @@ func (e *apiEnv) apply(r cascade.Request) storage.Ts {
 }
 
 type response struct {
-	code int
-	ct   string
-	body []byte
+	code   int
+	ct     string
+	body   []byte
+	header http.Header
 }
 
 func (e *apiEnv) get(path string) response {
 	e.t.Helper()
 	rec := httptest.NewRecorder()
 	e.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	return response{rec.Code, rec.Header().Get("Content-Type"), rec.Body.Bytes()}
+	return response{rec.Code, rec.Header().Get("Content-Type"), rec.Body.Bytes(), rec.Header()}
 }
 
 // getJSON fetches path, wants the code and decodes the body into out.

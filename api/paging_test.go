@@ -195,3 +195,34 @@ func applyAll(t *testing.T, e *apiEnv, reqs []cascade.Request) {
 		}
 	}
 }
+
+// TestACopyRetriesACursorAheadOfIt: a later page whose cursor's tx is
+// above the committed tx is a 400 on the store that issued it, but a 503
+// with Retry-After on a copy (api.Options.Copy, a standby's): the copy may
+// only lag behind the owner that issued the cursor.
+func TestACopyRetriesACursorAheadOfIt(t *testing.T) {
+	e := newEnv(t, 100_000)
+	hub := uuid.New()
+	e.apply(cascade.Request{Op: storage.OpPutNode, ID: hub})
+	var reqs []cascade.Request
+	for i := 0; i < 3; i++ {
+		m := uuid.New()
+		reqs = append(reqs, cascade.Request{Op: storage.OpPutNode, ID: m}, cascade.Request{Op: storage.OpPutEdge, ID: uuid.New(), Src: hub, Dst: m, Label: "l"})
+	}
+	applyAll(t, e, reqs)
+	path := "/v1/tenants/acme/nodes/" + hub.String() + "/edges?limit=2"
+	var pg edgePage
+	e.getJSON(path, 200, &pg)
+	if pg.Next == nil {
+		t.Fatal("no second page")
+	}
+	later := path + "&cursor=" + url.QueryEscape(*pg.Next)
+
+	behind := newEnv(t, 100_000) // a store that has applied less
+	behind.getJSON(later, 400, nil)
+	behind.h = api.Handler(behind.store, api.Options{ReadAPI: true, Copy: true, Now: behind.clock.Now, Logger: quiet})
+	r := behind.getJSON(later, 503, nil)
+	if ra := r.header.Get("Retry-After"); ra == "" {
+		t.Fatal("the copy's 503 has no Retry-After")
+	}
+}

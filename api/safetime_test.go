@@ -72,7 +72,7 @@ func (w *safeWorld) close() {
 func (w *safeWorld) get(path string) response {
 	rec := httptest.NewRecorder()
 	(*w.h.Load()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	return response{rec.Code, rec.Header().Get("Content-Type"), rec.Body.Bytes()}
+	return response{rec.Code, rec.Header().Get("Content-Type"), rec.Body.Bytes(), rec.Header()}
 }
 
 // hub writes a node with n edges to fresh neighbours (out and in
