@@ -102,6 +102,9 @@ type memberRun struct {
 	auth   *api.Auth
 	proms  *metrics.MemberMetrics
 	client *http.Client
+	// ownerSeen: per slot, the highest applied sequence an owner of it
+	// reported (under mu); a standby behind it answers no read.
+	ownerSeen map[int]uint64
 
 	mu    sync.Mutex
 	slots map[int]*slotRun
@@ -227,9 +230,10 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		incarnation: uuid.NewString(),
 		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
-		fatal:  make(chan error, 1),
-		wake:   make(chan struct{}, 1),
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
+		fatal:     make(chan error, 1),
+		wake:      make(chan struct{}, 1),
+		client:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
+		ownerSeen: map[int]uint64{},
 	}
 	return m.run(ctx)
 }
@@ -496,6 +500,13 @@ func (m *memberRun) step(ctx context.Context) error {
 	}
 	prev := m.members
 	m.assign, m.members = cur, members
+	for _, mm := range members {
+		for sl, st := range mm.Slots {
+			if st.Role == roleOwner && st.Applied > m.ownerSeen[sl] {
+				m.ownerSeen[sl] = st.Applied
+			}
+		}
+	}
 	events := m.noteMembership(prev, members, time.Now())
 	m.mu.Unlock()
 	for _, e := range events {
@@ -1132,6 +1143,15 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) b
 	}
 	run := m.localStandby(s)
 	if run == nil {
+		return false
+	}
+	// A copy behind what an owner of the slot last reported may lack an
+	// erase whose result went out (an erase waits for the standbys only
+	// so long): it answers nothing until it has caught up.
+	m.mu.Lock()
+	behind := run.applied.Load() < m.ownerSeen[s]
+	m.mu.Unlock()
+	if behind {
 		return false
 	}
 	v, release := m.acquireView(run)
