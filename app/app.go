@@ -92,6 +92,9 @@ type Options struct {
 	// auth, set by a dynamic member for its slots' cores, is the member's
 	// access control (one tokens file read and watched per process).
 	auth *api.Auth
+	// beforeStandbyApply, when set (tests), is called by a member's
+	// standby before it applies each write-set; it may block.
+	beforeStandbyApply func(slot int, seq uint64)
 }
 
 // deniedReasons are the reasons of telha_api_denied_total.

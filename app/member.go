@@ -102,9 +102,8 @@ type memberRun struct {
 	auth   *api.Auth
 	proms  *metrics.MemberMetrics
 	client *http.Client
-	// ownerSeen: per slot, the highest applied sequence an owner of it
-	// reported (under mu); a standby behind it answers no read.
-	ownerSeen map[int]uint64
+	// logEnds: per slot, its changelog's end as last read (standby reads).
+	logEnds map[int]*logEnd
 
 	mu    sync.Mutex
 	slots map[int]*slotRun
@@ -174,6 +173,7 @@ type slotRun struct {
 	copyDB   *pebble.DB // under viewMu: set while the tail holds the copy
 	viewOpen sync.Mutex // one opening of the view at a time
 	view     atomic.Pointer[standbyView]
+	tailLog  atomic.Pointer[partition.Changelog] // the changelog it tails
 }
 
 // standbyView is a standby's copy opened for reads (storage.OpenCopy),
@@ -181,16 +181,41 @@ type slotRun struct {
 type standbyView struct {
 	store     *storage.Store
 	h         http.Handler
+	mu        sync.Mutex    // one refresh at a time
 	refreshed atomic.Uint64 // the applied sequence of the last refresh
 	lastAt    atomic.Int64  // when (unix ns)
-	busy      atomic.Bool   // a refresh runs
 }
 
-// standbyRefreshEvery bounds how often reads refresh a standby's view: a
-// refresh reads every tenant's registry entry and journal heads, and a
-// view refreshed a moment ago is still safe to read (what committed since
-// lies above its committed tx; a journal removed since still fences, so a
-// read answers below it), only a little older.
+// refresh refreshes the view when it reflects less than need (a read's
+// must-see), or when the copy moved and the last refresh is older than
+// standbyRefreshEvery. applied reads the copy's applied sequence.
+func (v *standbyView) refresh(applied func() uint64, need uint64) error {
+	stale := func() bool {
+		got := v.refreshed.Load()
+		return got < need || (got != applied() && time.Since(time.Unix(0, v.lastAt.Load())) >= standbyRefreshEvery)
+	}
+	if !stale() {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !stale() { // another read refreshed it meanwhile
+		return nil
+	}
+	a := applied() // read before: the refresh reflects at least a
+	if err := v.store.Refresh(); err != nil {
+		return err
+	}
+	v.refreshed.Store(a)
+	v.lastAt.Store(time.Now().UnixNano())
+	return nil
+}
+
+// standbyRefreshEvery bounds how often reads refresh a standby's view
+// when they need nothing newer than it holds: a refresh reads every
+// tenant's registry entry and journal heads, and a view refreshed a moment
+// ago is still safe to read (what committed since lies above its committed
+// tx; a journal removed since still fences, so a read answers below it).
 const standbyRefreshEvery = 100 * time.Millisecond
 
 // poke wakes the member's loop.
@@ -230,10 +255,10 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		incarnation: uuid.NewString(),
 		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
-		fatal:     make(chan error, 1),
-		wake:      make(chan struct{}, 1),
-		client:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
-		ownerSeen: map[int]uint64{},
+		fatal:   make(chan error, 1),
+		wake:    make(chan struct{}, 1),
+		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
+		logEnds: map[int]*logEnd{},
 	}
 	return m.run(ctx)
 }
@@ -500,13 +525,6 @@ func (m *memberRun) step(ctx context.Context) error {
 	}
 	prev := m.members
 	m.assign, m.members = cur, members
-	for _, mm := range members {
-		for sl, st := range mm.Slots {
-			if st.Role == roleOwner && st.Applied > m.ownerSeen[sl] {
-				m.ownerSeen[sl] = st.Applied
-			}
-		}
-	}
 	events := m.noteMembership(prev, members, time.Now())
 	m.mu.Unlock()
 	for _, e := range events {
@@ -1028,6 +1046,7 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		return err
 	}
 	r.applied.Store(applied)
+	r.tailLog.Store(cl.cl)
 	r.viewMu.Lock()
 	r.copyDB = db
 	r.viewMu.Unlock()
@@ -1035,6 +1054,9 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 	r.ready.Store(true)
 	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.status.Restored, "replayed", cl.status.Replayed, "took", time.Since(t0))
 	return cl.cl.Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
+		if m.opts.beforeStandbyApply != nil {
+			m.opts.beforeStandbyApply(s, seq)
+		}
 		if err := applyStandby(ctx, db, seq, ws); err != nil {
 			return err
 		}
@@ -1058,7 +1080,7 @@ func (r *slotRun) dropView() {
 // copy has applied, and the release to call once the read is answered;
 // nil when the standby is not tailing (catching up, stopping) or its copy
 // holds nothing yet.
-func (m *memberRun) acquireView(r *slotRun) (*standbyView, func()) {
+func (m *memberRun) acquireView(r *slotRun, need uint64) (*standbyView, func()) {
 	r.viewMu.RLock()
 	if r.copyDB == nil || !r.ready.Load() || r.stopping.Load() {
 		r.viewMu.RUnlock()
@@ -1082,21 +1104,68 @@ func (m *memberRun) acquireView(r *slotRun) (*standbyView, func()) {
 		}
 		r.viewOpen.Unlock()
 	}
-	if applied := r.applied.Load(); v.refreshed.Load() != applied && time.Since(time.Unix(0, v.lastAt.Load())) >= standbyRefreshEvery &&
-		v.busy.CompareAndSwap(false, true) {
-		err := v.store.Refresh()
-		v.lastAt.Store(time.Now().UnixNano())
-		if err == nil {
-			v.refreshed.Store(applied)
-		}
-		v.busy.Store(false)
-		if err != nil {
-			m.log.Warn("member: a standby's copy could not be refreshed for reads", "slot", r.slot, "err", err)
-			r.viewMu.RUnlock()
-			return nil, nil
-		}
+	if err := v.refresh(r.applied.Load, need); err != nil {
+		m.log.Warn("member: a standby's copy could not be refreshed for reads", "slot", r.slot, "err", err)
+		r.viewMu.RUnlock()
+		return nil, nil
 	}
 	return v, r.viewMu.RUnlock
+}
+
+// logEnd is a slot's changelog end as last read from its stream.
+type logEnd struct {
+	mu       sync.Mutex
+	at       time.Time // when the request that read seq was sent
+	seq      uint64
+	inflight chan struct{} // closed when the request in flight returns
+}
+
+// logEndSince returns slot s's changelog end as read by a request sent at
+// or after since: a read waiting for a request sent before it arrived
+// waits for the next one. Reads share the requests: one in flight per
+// slot.
+func (m *memberRun) logEndSince(ctx context.Context, s int, cl *partition.Changelog, since time.Time) (uint64, error) {
+	m.mu.Lock()
+	e := m.logEnds[s]
+	if e == nil {
+		e = &logEnd{}
+		m.logEnds[s] = e
+	}
+	m.mu.Unlock()
+	for {
+		e.mu.Lock()
+		if !e.at.IsZero() && !e.at.Before(since) {
+			seq := e.seq
+			e.mu.Unlock()
+			return seq, nil
+		}
+		if ch := e.inflight; ch != nil {
+			e.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		e.inflight = ch
+		e.mu.Unlock()
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		seq, err := cl.End(rctx)
+		cancel()
+		e.mu.Lock()
+		if err == nil && sent.After(e.at) {
+			e.at, e.seq = sent, seq
+		}
+		e.inflight = nil
+		close(ch)
+		e.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+	}
 }
 
 // localStandby returns this member's standby run of slot s, or nil.
@@ -1137,7 +1206,7 @@ func (m *memberRun) standbyURLs(s int) []string {
 // most the group it is committing, which its successor replays).
 // Receipts and erasures are left to the owner.
 // It reports whether it answered.
-func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) bool {
+func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, arrived, deadline time.Time) bool {
 	if !standbyAnswers(r) {
 		return false
 	}
@@ -1145,16 +1214,30 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int) b
 	if run == nil {
 		return false
 	}
-	// A copy behind what an owner of the slot last reported may lack an
-	// erase whose result went out (an erase waits for the standbys only
-	// so long): it answers nothing until it has caught up.
-	m.mu.Lock()
-	behind := run.applied.Load() < m.ownerSeen[s]
-	m.mu.Unlock()
-	if behind {
+	// Read-your-writes, and no erased byte: a write answered before this
+	// read arrived (an erase's rewrite too) is in the changelog, so the
+	// copy answers once it has read the log as far as it reached after
+	// the read arrived (one stream request per slot for every read
+	// waiting, however many), and waits at most until deadline.
+	cl := run.tailLog.Load()
+	if cl == nil {
 		return false
 	}
-	v, release := m.acquireView(run)
+	end, err := m.logEndSince(r.Context(), s, cl, arrived)
+	if err != nil {
+		return false
+	}
+	for cl.ReadThrough() < end {
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-r.Context().Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	v, release := m.acquireView(run, run.applied.Load())
 	if v == nil {
 		return false
 	}
@@ -1590,7 +1673,8 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	}
 	s := queue.Partition(r.PathValue("t"), m.cfg.Partitions) % m.n
 	forwarded := r.Header.Get(hdrForwarded) != ""
-	deadline := time.Now().Add(m.cfg.Member.ForwardWait)
+	arrived := time.Now()
+	deadline := arrived.Add(m.cfg.Member.ForwardWait)
 	for {
 		if a := m.localOwner(s); a != nil {
 			if a.serveHosted(w, r) {
@@ -1599,7 +1683,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		} else if forwarded && !m.assignedHere(s) {
 			// Forwarded to this member's standby (its owner did not answer
 			// the member that forwarded it).
-			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s) {
+			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s, arrived, deadline) {
 				return
 			}
 			// Forwarded here, but the slot is not (or no longer) this
@@ -1616,7 +1700,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		// No serving owner answered (a failover, a move): a standby copy
 		// answers at once, at its applied position: this member's, or
 		// another member's (forwarded, marked for its standby).
-		if m.localOwner(s) == nil && m.standbyRead(w, r, s) {
+		if m.localOwner(s) == nil && m.standbyRead(w, r, s, arrived, deadline) {
 			return
 		}
 		if !forwarded && m.localOwner(s) == nil {

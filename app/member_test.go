@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -792,4 +793,84 @@ func slotRowOf(page string, s int) string {
 		row = row[:j]
 	}
 	return row
+}
+
+// TestStandbyReadSeesEveryAnsweredWrite: a standby's copy answers a read
+// only once it has read the changelog as far as it reached when the read
+// arrived. Held before it applies a put its owner already answered, with
+// the owner then cut off from NATS, the standby's member answers a read of
+// that node 503 (never 404, which the copy alone would say); released, the
+// copy answers it 200.
+func TestStandbyReadSeesEveryAnsweredWrite(t *testing.T) {
+	ns := testnats.Start(t)
+	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	a := startMemberOpts(t, proxy.URL(), "a", t.TempDir(), 1, Options{}, "--member-ttl", "6s")
+	a.settledOn(t, "a")
+	var holding atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before the members stop
+	slotA := -1
+	var slotMu sync.Mutex
+	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{beforeStandbyApply: func(slot int, _ uint64) {
+		slotMu.Lock()
+		mine := slot == slotA
+		slotMu.Unlock()
+		if mine && holding.Load() {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	}}, "--member-ttl", "6s", "--forward-wait", "1s")
+	v := b.settledOn(t, "a", "b")
+	s, tenant := ownedTenant(t, v, "a")
+	slotMu.Lock()
+	slotA = s
+	slotMu.Unlock()
+	bus := newBus(t, ns)
+	mustOK(t, bus.wait(bus.send(tenant, node(uuid.NewString()))))
+	holding.Store(true)
+	fresh := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(fresh)))) // answered by a
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b's standby never reached the put")
+	}
+	proxy.Cut()
+	path := b.base + "/v1/tenants/" + tenant + "/nodes/" + fresh
+	read := func() (int, string) {
+		resp, err := http.Get(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get(hdrReadFrom)
+	}
+	// Until a's lease runs out, a answers (200); then only the held
+	// standby could, and it must not.
+	testnats.Eventually(t, 30*time.Second, "reads through b find no serving owner", func() bool {
+		code, _ := read()
+		if code == http.StatusNotFound {
+			t.Fatal("a put answered ok read 404 through b while b's standby had not applied it")
+		}
+		return code == http.StatusServiceUnavailable
+	})
+	for i := 0; i < 3; i++ {
+		if code, _ := read(); code != http.StatusServiceUnavailable {
+			t.Fatalf("while b's standby is held, a read answered %d, want 503", code)
+		}
+	}
+	holding.Store(false)
+	releaseOnce.Do(func() { close(release) })
+	testnats.Eventually(t, 60*time.Second, "the read answered 200 once the standby applied the put", func() bool {
+		code, _ := read()
+		if code == http.StatusNotFound {
+			t.Fatal("a put answered ok read 404 through b")
+		}
+		return code == http.StatusOK
+	})
 }

@@ -141,6 +141,9 @@ type Changelog struct {
 	// in flight (it holds mu through its retries).
 	lastSeen atomic.Uint64
 	broken   error // set once an append is fenced or its outcome unknown
+	// readThrough: the highest sequence a Replay or Tail of this
+	// Changelog has read and, when it completed a write-set, applied.
+	readThrough atomic.Uint64
 
 	// Test hooks, nil in production.
 	dropAck    func(attempt int) bool      // true: discard this attempt's ack as if lost
@@ -432,4 +435,21 @@ func ParsePart(v string) (i, n int, first uint64, err error) {
 		return 0, 0, 0, fmt.Errorf("%w: part header %q out of range", ErrCorrupt, v)
 	}
 	return int(nums[0]), int(nums[1]), nums[2], nil
+}
+
+// ReadThrough returns the highest sequence a Replay or Tail of this
+// Changelog has read: every whole write-set at or below it has been given
+// to its ApplyFunc, which returned (a torn write-set's parts are read and
+// dropped: they were never committed).
+func (c *Changelog) ReadThrough() uint64 { return c.readThrough.Load() }
+
+// End returns the stream's last sequence, as its leader knows it now (one
+// request): what a reader must read through to have seen every write-set
+// appended before the call.
+func (c *Changelog) End(ctx context.Context) (uint64, error) {
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	return info.State.LastSeq, nil
 }

@@ -47,7 +47,18 @@ func (c *Changelog) Tail(ctx context.Context, fromSeq uint64, fn ApplyFunc) erro
 	if err := c.checkHeld(fromSeq, info.State); err != nil {
 		return err
 	}
+	c.noteRead(fromSeq - 1) // the caller holds every write-set below fromSeq
 	return c.read(ctx, fromSeq, 0, fn)
+}
+
+// noteRead raises ReadThrough to seq.
+func (c *Changelog) noteRead(seq uint64) {
+	for {
+		cur := c.readThrough.Load()
+		if seq <= cur || c.readThrough.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
 }
 
 // checkHeld refuses a start below the stream's first sequence once the
@@ -164,6 +175,7 @@ func (c *Changelog) read(ctx context.Context, fromSeq, end uint64, fn ApplyFunc)
 				return err
 			}
 		}
+		c.noteRead(seq)
 		// The reader is idle from now, not from the delivery's arrival.
 		if !idle.Stop() {
 			select {
