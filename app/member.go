@@ -336,8 +336,14 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		}
 	}
 	// Two processes with one --member-id would fence each other's slots
-	// for ever: the second one stops here (issue 30 item 5).
-	if err := m.reg.CheckDuplicate(ctx, m.id, m.incarnation, 2*m.stepEvery()+time.Second); err != nil {
+	// for ever: the second one stops here (issue 30 item 5). Any other
+	// error is retried: on a fresh cluster the bucket just created may
+	// have no leader yet ("no responders"; a first start exited 1 so).
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		err := m.reg.CheckDuplicate(ctx, m.id, m.incarnation, 2*m.stepEvery()+time.Second)
+		if err == nil {
+			break
+		}
 		if errors.Is(err, member.ErrDuplicateMember) {
 			m.log.Error("member: another live process already runs with this --member-id; give each process its own id", "member_id", m.id, "err", err)
 			return fmt.Errorf("%w: --member-id %s: %w", ErrUsage, m.id, err)
@@ -345,7 +351,12 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return err
+		startupRetry(m.log, m.started, "member: reading this member's record failed; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
 	}
 	if err := m.checkLegacy(ctx); err != nil {
 		return err
@@ -1206,7 +1217,7 @@ func (m *memberRun) standbyURLs(s int) []string {
 // most the group it is committing, which its successor replays).
 // Receipts and erasures are left to the owner.
 // It reports whether it answered.
-func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, arrived, deadline time.Time) bool {
+func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, arrived time.Time) bool {
 	if !standbyAnswers(r) {
 		return false
 	}
@@ -1218,24 +1229,15 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, a
 	// read arrived (an erase's rewrite too) is in the changelog, so the
 	// copy answers once it has read the log as far as it reached after
 	// the read arrived (one stream request per slot for every read
-	// waiting, however many), and waits at most until deadline.
+	// waiting, however many). Not waited for here: the caller tries the
+	// owner, then the copy again, until its deadline.
 	cl := run.tailLog.Load()
 	if cl == nil {
 		return false
 	}
 	end, err := m.logEndSince(r.Context(), s, cl, arrived)
-	if err != nil {
+	if err != nil || cl.ReadThrough() < end {
 		return false
-	}
-	for cl.ReadThrough() < end {
-		if !time.Now().Before(deadline) {
-			return false
-		}
-		select {
-		case <-r.Context().Done():
-			return false
-		case <-time.After(5 * time.Millisecond):
-		}
 	}
 	v, release := m.acquireView(run, run.applied.Load())
 	if v == nil {
@@ -1683,7 +1685,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		} else if forwarded && !m.assignedHere(s) {
 			// Forwarded to this member's standby (its owner did not answer
 			// the member that forwarded it).
-			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s, arrived, deadline) {
+			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s, arrived) {
 				return
 			}
 			// Forwarded here, but the slot is not (or no longer) this
@@ -1700,7 +1702,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		// No serving owner answered (a failover, a move): a standby copy
 		// answers at once, at its applied position: this member's, or
 		// another member's (forwarded, marked for its standby).
-		if m.localOwner(s) == nil && m.standbyRead(w, r, s, arrived, deadline) {
+		if m.localOwner(s) == nil && m.standbyRead(w, r, s, arrived) {
 			return
 		}
 		if !forwarded && m.localOwner(s) == nil {
