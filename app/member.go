@@ -1091,36 +1091,49 @@ func (r *slotRun) dropView() {
 // copy has applied, and the release to call once the read is answered;
 // nil when the standby is not tailing (catching up, stopping) or its copy
 // holds nothing yet.
-func (m *memberRun) acquireView(r *slotRun, need uint64) (*standbyView, func()) {
+func (m *memberRun) acquireView(r *slotRun, need uint64) (_ *standbyView, release func()) {
 	r.viewMu.RLock()
+	defer func() {
+		if release == nil { // not handed to the caller (also on a panic)
+			r.viewMu.RUnlock()
+		}
+	}()
 	if r.copyDB == nil || !r.ready.Load() || r.stopping.Load() {
-		r.viewMu.RUnlock()
 		return nil, nil
 	}
-	v := r.view.Load()
+	v, err := m.openView(r)
 	if v == nil {
-		r.viewOpen.Lock()
-		if v = r.view.Load(); v == nil {
-			st, err := storage.OpenCopy(r.copyDB, storage.Options{Logger: m.log})
-			if err != nil {
-				if !errors.Is(err, storage.ErrEmptyCopy) {
-					m.log.Warn("member: a standby's copy could not be opened for reads", "slot", r.slot, "err", err)
-				}
-				r.viewOpen.Unlock()
-				r.viewMu.RUnlock()
-				return nil, nil
-			}
-			v = &standbyView{store: st, h: api.Handler(st, api.Options{ReadAPI: true, Copy: true, Auth: m.auth, Logger: m.log.With("slot", r.slot, "role", roleStandby)})}
-			r.view.Store(v)
-		}
-		r.viewOpen.Unlock()
+		return nil, nil
 	}
-	if err := v.refresh(r.applied.Load, need); err != nil {
+	if err = v.refresh(r.applied.Load, need); err != nil {
 		m.log.Warn("member: a standby's copy could not be refreshed for reads", "slot", r.slot, "err", err)
-		r.viewMu.RUnlock()
 		return nil, nil
 	}
 	return v, r.viewMu.RUnlock
+}
+
+// openView returns r's read view, opening it on first use (under
+// viewMu held for reading); nil when the copy holds nothing yet or cannot
+// be opened.
+func (m *memberRun) openView(r *slotRun) (*standbyView, error) {
+	if v := r.view.Load(); v != nil {
+		return v, nil
+	}
+	r.viewOpen.Lock()
+	defer r.viewOpen.Unlock()
+	if v := r.view.Load(); v != nil {
+		return v, nil
+	}
+	st, err := storage.OpenCopy(r.copyDB, storage.Options{Logger: m.log})
+	if err != nil {
+		if !errors.Is(err, storage.ErrEmptyCopy) {
+			m.log.Warn("member: a standby's copy could not be opened for reads", "slot", r.slot, "err", err)
+		}
+		return nil, err
+	}
+	v := &standbyView{store: st, h: api.Handler(st, api.Options{ReadAPI: true, Copy: true, Auth: m.auth, Logger: m.log.With("slot", r.slot, "role", roleStandby)})}
+	r.view.Store(v)
+	return v, nil
 }
 
 // logEnd is a slot's changelog end as last read from its stream.
@@ -1129,6 +1142,10 @@ type logEnd struct {
 	at       time.Time // when the request that read seq was sent
 	seq      uint64
 	inflight chan struct{} // closed when the request in flight returns
+	// failed: when the last request that failed was sent, and why (its
+	// waiters get the error rather than each sending one in turn).
+	failed    time.Time
+	failedErr error
 }
 
 // logEndSince returns slot s's changelog end as read by a request sent at
@@ -1150,6 +1167,11 @@ func (m *memberRun) logEndSince(ctx context.Context, s int, cl *partition.Change
 			e.mu.Unlock()
 			return seq, nil
 		}
+		if !e.failed.IsZero() && !e.failed.Before(since) {
+			err := e.failedErr
+			e.mu.Unlock()
+			return 0, err
+		}
 		if ch := e.inflight; ch != nil {
 			e.mu.Unlock()
 			select {
@@ -1169,6 +1191,9 @@ func (m *memberRun) logEndSince(ctx context.Context, s int, cl *partition.Change
 		e.mu.Lock()
 		if err == nil && sent.After(e.at) {
 			e.at, e.seq = sent, seq
+		}
+		if err != nil && sent.After(e.failed) {
+			e.failed, e.failedErr = sent, err
 		}
 		e.inflight = nil
 		close(ch)
@@ -1255,8 +1280,13 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, a
 	// go before a slow client reads it: the tail must never wait for one
 	// to stop or to be promoted.
 	buf := &bufferedResponse{h: http.Header{}}
-	v.h.ServeHTTP(buf, r)
-	release()
+	func() {
+		defer release() // even if the handler panics: the tail waits for it
+		v.h.ServeHTTP(buf, r)
+	}()
+	if !m.standbyAnswered(cmp.Or(buf.status, http.StatusOK)) {
+		return false // a copy's 503 (a cascade in flight, a cursor ahead) or 500: the owner may still answer
+	}
 	for k, vs := range buf.h {
 		w.Header()[k] = vs
 	}
@@ -1734,6 +1764,16 @@ func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string)
 	return m.forwardIf(w, r, base, func(int) bool { return true })
 }
 
+// hopByHop reports whether header h is one of a connection's own
+// (RFC 9110 7.6.1), which a member does not pass on when it forwards.
+func hopByHop(h string) bool {
+	switch http.CanonicalHeaderKey(h) {
+	case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
 // standbyAnswered: a status a standby's copy answers a read with (the
 // read's answer, its bad request, and with tokens their refusal, which
 // the owner would give too); any other (a loopback-mode refusal of a
@@ -1760,8 +1800,10 @@ func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base strin
 		return true
 	}
 	req.Header = r.Header.Clone()
-	for _, h := range []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
-		req.Header.Del(h)
+	for h := range req.Header {
+		if hopByHop(h) {
+			req.Header.Del(h)
+		}
 	}
 	req.ContentLength = r.ContentLength
 	req.Header.Set(hdrForwarded, m.id)
@@ -1775,6 +1817,9 @@ func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base strin
 		return false // that member no longer owns the slot (or cannot answer): route again
 	}
 	for k, vs := range resp.Header {
+		if hopByHop(k) {
+			continue
+		}
 		for _, v := range vs {
 			w.Header().Add(k, v)
 		}
