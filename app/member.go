@@ -1217,18 +1217,28 @@ func (m *memberRun) localStandby(s int) *slotRun {
 // standbyURLs returns the advertised URLs of the other members whose
 // standby of slot s tails the changelog (as of their last renewal).
 func (m *memberRun) standbyURLs(s int) []string {
+	var out []string
+	for _, mm := range m.tailingStandbys(s) {
+		if mm.ID != m.id && mm.URL != "" {
+			out = append(out, mm.URL)
+		}
+	}
+	return out
+}
+
+// tailingStandbys returns the members whose standby of slot s tails the
+// changelog, as of their last renewal.
+func (m *memberRun) tailingStandbys(s int) []member.Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s >= len(m.assign) {
 		return nil
 	}
-	var out []string
-	for _, id := range m.assign[s].Standbys {
-		for _, mm := range m.members {
-			if mm.ID == id && id != m.id && mm.URL != "" {
-				if st, ok := mm.Slots[s]; ok && st.Role == roleStandby && st.Ready {
-					out = append(out, mm.URL)
-				}
+	var out []member.Member
+	for _, mm := range m.members {
+		if slices.Contains(m.assign[s].Standbys, mm.ID) {
+			if st, ok := mm.Slots[s]; ok && st.Role == roleStandby && st.Ready {
+				out = append(out, mm)
 			}
 		}
 	}
@@ -1735,11 +1745,11 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		if m.localOwner(s) == nil && m.standbyRead(w, r, s, arrived) {
 			return
 		}
-		if !forwarded && m.localOwner(s) == nil {
+		if !forwarded && standbyAnswers(r) && m.localOwner(s) == nil {
 			for _, url := range m.standbyURLs(s) {
 				sr := r.Clone(r.Context())
 				sr.Header.Set(hdrStandbyRead, "1")
-				if standbyAnswers(r) && m.forwardIf(w, sr, url, m.standbyAnswered) {
+				if m.forwardIf(w, sr, url, m.standbyAnswered) {
 					return
 				}
 			}
@@ -2056,18 +2066,9 @@ func (m *memberRun) slotRows() []ui.SlotRow {
 
 // standbyApplied is what slot s's tailing standbys reported last.
 func (m *memberRun) standbyApplied(s int) []uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if s >= len(m.assign) {
-		return nil
-	}
 	var out []uint64
-	for _, mm := range m.members {
-		if slices.Contains(m.assign[s].Standbys, mm.ID) {
-			if st, ok := mm.Slots[s]; ok && st.Role == roleStandby && st.Ready {
-				out = append(out, st.Applied)
-			}
-		}
+	for _, mm := range m.tailingStandbys(s) {
+		out = append(out, mm.Slots[s].Applied)
 	}
 	return out
 }
