@@ -115,11 +115,14 @@ type memberRun struct {
 	dropping map[int]bool
 	assign   []member.Assignment
 	members  []member.Member
-	started  time.Time
-	leaving  atomic.Bool
-	moves    atomic.Uint64
-	fenced   atomic.Uint64
-	fatal    chan error
+	// routes: per slot, the route reads are forwarded on (its owner's
+	// URL) and a context cancelled when it changes (ownerRoute).
+	routes  map[int]*slotRoute
+	started time.Time
+	leaving atomic.Bool
+	moves   atomic.Uint64
+	fenced  atomic.Uint64
+	fatal   chan error
 	// wake: a slot run ended; the loop reconciles at once (a promotion
 	// waits for its standby's tail to stop, never under mu).
 	wake chan struct{}
@@ -259,6 +262,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		wake:    make(chan struct{}, 1),
 		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
 		logEnds: map[int]*logEnd{},
+		routes:  map[int]*slotRoute{},
 	}
 	return m.run(ctx)
 }
@@ -536,6 +540,7 @@ func (m *memberRun) step(ctx context.Context) error {
 	}
 	prev := m.members
 	m.assign, m.members = cur, members
+	m.reroute()
 	events := m.noteMembership(prev, members, time.Now())
 	m.mu.Unlock()
 	for _, e := range events {
@@ -1297,12 +1302,9 @@ func (m *memberRun) standbyRead(w http.ResponseWriter, r *http.Request, s int, a
 	if !m.standbyAnswered(cmp.Or(buf.status, http.StatusOK)) {
 		return false // a copy's 503 (a cascade in flight, a cursor ahead) or 500: the owner may still answer
 	}
-	for k, vs := range buf.h {
-		w.Header()[k] = vs
-	}
-	w.Header().Set(hdrReadFrom, "standby")
-	w.WriteHeader(cmp.Or(buf.status, http.StatusOK))
-	_, _ = w.Write(buf.body.Bytes())
+	buf.h.Set(hdrReadFrom, "standby")
+	m.proms.StandbyRead(s)
+	buf.writeTo(w)
 	return true
 }
 
@@ -1324,6 +1326,15 @@ func (b *bufferedResponse) WriteHeader(code int) {
 func (b *bufferedResponse) Write(p []byte) (int, error) {
 	b.WriteHeader(http.StatusOK)
 	return b.body.Write(p)
+}
+
+// writeTo writes the answer kept to w.
+func (b *bufferedResponse) writeTo(w http.ResponseWriter) {
+	for k, vs := range b.h {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(cmp.Or(b.status, http.StatusOK))
+	_, _ = w.Write(b.body.Bytes())
 }
 
 // standbyAnswers: the reads a standby's copy answers (an entity, its
@@ -1687,10 +1698,8 @@ func (m *memberRun) assignedHere(s int) bool {
 }
 
 // ownerURL is the advertised URL of slot s's owner ("" unknown, or this
-// member).
+// member). m.mu held.
 func (m *memberRun) ownerURL(s int) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if s >= len(m.assign) || m.assign[s].Owner == "" || m.assign[s].Owner == m.id {
 		return ""
 	}
@@ -1700,6 +1709,49 @@ func (m *memberRun) ownerURL(s int) string {
 		}
 	}
 	return ""
+}
+
+// slotRoute is where a slot's reads are forwarded: its owner's URL, and a
+// context cancelled when that changes.
+type slotRoute struct {
+	url    string
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// ownerRoute returns the advertised URL of slot s's owner ("" unknown, or
+// this member) and a context cancelled when the slot's owner changes or
+// its record expires: a read forwarded to an owner that froze (SIGSTOP, a
+// cut link whose port still accepts) ends with its route, not with the
+// client's patience, and is routed again.
+func (m *memberRun) ownerRoute(s int) (string, context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	url := m.ownerURL(s)
+	if url == "" {
+		return "", nil
+	}
+	rt := m.routes[s]
+	if rt == nil || rt.url != url {
+		if rt != nil {
+			rt.cancel()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		rt = &slotRoute{url: url, ctx: ctx, cancel: cancel}
+		m.routes[s] = rt
+	}
+	return url, rt.ctx
+}
+
+// reroute ends the forwards of every slot whose owner's URL changed with
+// the assignment or the members just read (m.mu held).
+func (m *memberRun) reroute() {
+	for s, rt := range m.routes {
+		if m.ownerURL(s) != rt.url {
+			rt.cancel()
+			delete(m.routes, s)
+		}
+	}
 }
 
 // tenantRead answers a read of tenant t: at the local core of t's slot, or
@@ -1722,37 +1774,33 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			if a.serveHosted(w, r) {
 				return
 			}
-		} else if forwarded && !m.assignedHere(s) {
+		} else if forwarded {
 			// Forwarded to this member's standby (its owner did not answer
-			// the member that forwarded it).
-			if r.Header.Get(hdrStandbyRead) != "" && m.standbyRead(w, r, s, arrived) {
+			// the member that forwarded it, or was slow).
+			if r.Header.Get(hdrStandbyRead) != "" && !m.assignedHere(s) && m.standbyRead(w, r, s, arrived) {
 				return
 			}
 			// Forwarded here, but the slot is not (or no longer) this
-			// member's: say so at once, so the member that forwarded it
-			// routes again, rather than waiting out --forward-wait here.
+			// member's, or its core is still starting: say so at once, so
+			// the member that forwarded it asks a standby and routes
+			// again, rather than waiting out --forward-wait here.
 			w.Header().Set(hdrNotOwner, m.id)
-			writeJSONError(w, http.StatusServiceUnavailable, fmt.Sprintf("slot %d is not owned by member %s", s, m.id))
+			w.Header().Set("Retry-After", "1")
+			why := fmt.Sprintf("slot %d is not owned by member %s", s, m.id)
+			if m.assignedHere(s) {
+				why = fmt.Sprintf("slot %d is starting on member %s", s, m.id)
+			}
+			writeJSONError(w, http.StatusServiceUnavailable, why)
 			return
-		} else if url := m.ownerURL(s); url != "" && !forwarded {
-			if m.forward(w, r, url) {
+		} else if url, route := m.ownerRoute(s); url != "" {
+			if m.forwardToOwner(w, r, s, url, route, arrived) {
 				return
 			}
 		}
 		// No serving owner answered (a failover, a move): a standby copy
-		// answers at once, at its applied position: this member's, or
-		// another member's (forwarded, marked for its standby).
-		if m.localOwner(s) == nil && m.standbyRead(w, r, s, arrived) {
+		// answers at once, at its applied position.
+		if m.localOwner(s) == nil && m.standbyAnswer(w, r, s, arrived) {
 			return
-		}
-		if !forwarded && standbyAnswers(r) && m.localOwner(s) == nil {
-			for _, url := range m.standbyURLs(s) {
-				sr := r.Clone(r.Context())
-				sr.Header.Set(hdrStandbyRead, "1")
-				if m.forwardIf(w, sr, url, m.standbyAnswered) {
-					return
-				}
-			}
 		}
 		if time.Now().After(deadline) {
 			w.Header().Set("Retry-After", "1")
@@ -1767,12 +1815,99 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// forward sends r to the member at base (slot's owner) and copies the
-// answer; false (nothing written) when that member could not be reached
-// (gone) or owns the slot no more: the caller routes again.
-func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string) bool {
-	return m.forwardIf(w, r, base, func(int) bool { return true })
+// standbyAnswer answers a read from a standby copy of slot s: this
+// member's, or another member's (forwarded, marked for its standby). It
+// reports whether one answered.
+func (m *memberRun) standbyAnswer(w http.ResponseWriter, r *http.Request, s int, arrived time.Time) bool {
+	if m.standbyRead(w, r, s, arrived) {
+		return true
+	}
+	if !standbyAnswers(r) {
+		return false
+	}
+	for _, url := range m.standbyURLs(s) {
+		// A copy answers at once (it waits at most for one log-end
+		// request): a member that does not is frozen, and the next is
+		// asked.
+		ctx, cancel := context.WithTimeout(r.Context(), standbyForwardTimeout)
+		sr := r.Clone(ctx)
+		sr.Header.Set(hdrStandbyRead, "1")
+		ok := m.forwardIf(w, sr, url, m.standbyAnswered)
+		cancel()
+		if ok {
+			return true
+		}
+	}
+	return false
 }
+
+// hedgeAfter: a read a standby may answer that its owner has not begun
+// to answer this long after it was forwarded is asked of a standby too
+// (forwardToOwner). An owner answers such a read without waiting, in
+// milliseconds; one that does not is frozen or overloaded.
+const hedgeAfter = 500 * time.Millisecond
+
+// standbyForwardTimeout bounds a read forwarded to another member's
+// standby.
+const standbyForwardTimeout = 3 * time.Second
+
+// forwardToOwner forwards r to slot s's owner at base. The forward ends
+// when route does (the slot's owner changed, or its record expired), and
+// false says the caller routes again. A read a standby may answer
+// (an entity read without wait: one with wait may wait at the owner for
+// its tx) whose owner has not begun to answer within hedgeAfter is asked
+// of a standby too, and the first answer is the read's.
+func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int, base string, route context.Context, arrived time.Time) bool {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(route, cancel)()
+	fr := r.WithContext(ctx)
+	if !standbyAnswers(r) || r.URL.Query().Has("wait") || (m.localStandby(s) == nil && len(m.standbyURLs(s)) == 0) {
+		resp, err := m.send(fr, base)
+		return m.relay(w, resp, err, passAll)
+	}
+	type sent struct {
+		resp *http.Response
+		err  error
+	}
+	ch := make(chan sent, 1)
+	go func() {
+		resp, err := m.send(fr, base)
+		ch <- sent{resp, err}
+	}()
+	timer := time.NewTimer(hedgeAfter)
+	defer timer.Stop()
+	select {
+	case res := <-ch:
+		return m.relay(w, res.resp, res.err, passAll)
+	case <-timer.C:
+	}
+	buf := &bufferedResponse{h: http.Header{}}
+	if m.standbyAnswer(buf, r, s, arrived) {
+		cancel()
+		go func() {
+			if res := <-ch; res.resp != nil {
+				res.resp.Body.Close()
+			}
+		}()
+		m.proms.SlowOwner(metrics.SlowOwnerStandby)
+		buf.writeTo(w)
+		return true
+	}
+	res := <-ch
+	answered := m.relay(w, res.resp, res.err, passAll)
+	m.proms.SlowOwner(map[bool]string{true: metrics.SlowOwnerOwner, false: metrics.SlowOwnerNone}[answered])
+	return answered
+}
+
+// forward sends r to the member at base and copies the answer; false
+// (nothing written) when that member could not be reached (gone) or owns
+// the slot no more: the caller routes again.
+func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string) bool {
+	return m.forwardIf(w, r, base, passAll)
+}
+
+func passAll(int) bool { return true }
 
 // hopByHop reports whether header h is one of a connection's own
 // (RFC 9110 7.6.1), which a member does not pass on when it forwards.
@@ -1800,14 +1935,20 @@ func (m *memberRun) standbyAnswered(status int) bool {
 
 // forwardIf is forward, passing the answer on only when pass(status).
 func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base string, pass func(status int) bool) bool {
+	resp, err := m.send(r, base)
+	return m.relay(w, resp, err, pass)
+}
+
+// send sends r to the member at base, marked forwarded by this member,
+// without the connection's own headers.
+func (m *memberRun) send(r *http.Request, base string) (*http.Response, error) {
 	var body io.Reader
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		body = r.Body // the status page's POSTs (sign-in, dead letters, pause): sent once
 	}
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), body)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, err.Error())
-		return true
+		return nil, err
 	}
 	req.Header = r.Header.Clone()
 	for h := range req.Header {
@@ -1817,7 +1958,13 @@ func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base strin
 	}
 	req.ContentLength = r.ContentLength
 	req.Header.Set(hdrForwarded, m.id)
-	resp, err := m.client.Do(req)
+	return m.client.Do(req)
+}
+
+// relay copies a forwarded read's answer to w when pass(status), and
+// reports whether it did; false (nothing written) when the member could
+// not be reached, owns the slot no more, or pass refused the answer.
+func (m *memberRun) relay(w http.ResponseWriter, resp *http.Response, err error, pass func(status int) bool) bool {
 	if err != nil {
 		return false
 	}
@@ -1850,11 +1997,11 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 	p, _, _, _ := m.auth.Principal(r) // admitted: it is someone
 	local := m.localOwners()
 	m.mu.Lock()
-	peers := []string{}
+	var peers []member.Member
 	if r.Header.Get(hdrForwarded) == "" {
 		for _, mm := range m.members {
 			if mm.ID != m.id {
-				peers = append(peers, mm.URL)
+				peers = append(peers, mm)
 			}
 		}
 	}
@@ -1867,22 +2014,53 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	for _, base := range peers {
-		js, err := m.peerJournals(r, base)
-		if err != nil {
-			writeJSONError(w, http.StatusServiceUnavailable, "journals of another member: "+err.Error())
-			return
-		}
-		all = append(all, js...)
+	// Every other member at once, each for at most peerJournalsTimeout: one
+	// that is frozen or gone (until its record expires) is named, not a
+	// reason to list nothing.
+	type peerAnswer struct {
+		js  []api.Journal
+		err error
 	}
+	answers := make([]peerAnswer, len(peers))
+	var wg sync.WaitGroup
+	for i, mm := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.Context(), peerJournalsTimeout)
+			defer cancel()
+			answers[i].js, answers[i].err = m.peerJournals(ctx, r, mm.URL)
+		}()
+	}
+	wg.Wait()
+	type unreachable struct {
+		Member string `json:"member"`
+		Error  string `json:"error"`
+	}
+	body := map[string]any{}
+	var missing []unreachable
+	for i, a := range answers {
+		if a.err != nil {
+			missing = append(missing, unreachable{Member: peers[i].ID, Error: a.err.Error()})
+			continue
+		}
+		all = append(all, a.js...)
+	}
+	if len(missing) > 0 {
+		body["unreachable"] = missing
+	}
+	body["journals"] = all
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"journals": all})
+	_ = json.NewEncoder(w).Encode(body)
 }
+
+// peerJournalsTimeout bounds the journals asked of another member.
+const peerJournalsTimeout = 2 * time.Second
 
 // peerJournals is /v1/journals of the member at base, asked with r's
 // credentials.
-func (m *memberRun) peerJournals(r *http.Request, base string) ([]api.Journal, error) {
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, base+"/v1/journals", nil)
+func (m *memberRun) peerJournals(ctx context.Context, r *http.Request, base string) ([]api.Journal, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/journals", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -632,31 +632,7 @@ func TestStandbyAnswersReadsDuringAFailover(t *testing.T) {
 	bus := newBus(t, ns)
 	id := uuid.NewString()
 	put := mustOK(t, bus.wait(bus.send(tenant, node(id))))
-	// b's standby has applied the put (its applied sequence reached the
-	// owner's).
-	testnats.Eventually(t, 30*time.Second, "b's standby applies the put", func() bool {
-		var pv struct {
-			Assignments []struct {
-				Slot           int               `json:"slot"`
-				OwnerApplied   uint64            `json:"owner_applied"`
-				StandbyApplied map[string]uint64 `json:"standby_applied"`
-			} `json:"assignments"`
-		}
-		resp, err := http.Get(b.base + "/v1/partitions")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		if json.NewDecoder(resp.Body).Decode(&pv) != nil {
-			return false
-		}
-		for _, as := range pv.Assignments {
-			if as.Slot == slotA {
-				return as.OwnerApplied > 0 && as.StandbyApplied["b"] >= as.OwnerApplied
-			}
-		}
-		return false
-	})
+	waitStandbyCaughtUp(t, b, slotA, "b") // b's standby has applied the put
 
 	proxy.Cut()
 	path := b.base + "/v1/tenants/" + tenant + "/nodes/" + id
@@ -873,4 +849,248 @@ func TestStandbyReadSeesEveryAnsweredWrite(t *testing.T) {
 		}
 		return code == http.StatusOK
 	})
+}
+
+// freezeProxy is a TCP proxy in front of a member's HTTP that a test can
+// freeze, as SIGSTOP freezes a process: from then on it accepts
+// connections and reads requests but passes nothing on either way, and
+// never closes (until the test ends).
+type freezeProxy struct {
+	ln     net.Listener
+	target atomic.Pointer[string]
+	frozen chan struct{}
+	once   sync.Once
+	done   chan struct{}
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startFreezeProxy(t *testing.T) *freezeProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezeProxy{ln: ln, frozen: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() {
+		close(p.done)
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			target := p.target.Load()
+			select {
+			case <-p.frozen:
+				continue // held open, never answered
+			default:
+			}
+			if target == nil {
+				c.Close()
+				continue
+			}
+			u, err := net.Dial("tcp", *target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, u)
+			p.mu.Unlock()
+			go p.pipe(u, c)
+			go p.pipe(c, u)
+		}
+	}()
+	return p
+}
+
+// pipe copies src to dst until either ends, or holds what it reads once
+// the proxy is frozen.
+func (p *freezeProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			select {
+			case <-p.frozen:
+				<-p.done
+				return
+			default:
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (p *freezeProxy) URL() string { return "http://" + p.ln.Addr().String() }
+
+func (p *freezeProxy) Freeze() { p.once.Do(func() { close(p.frozen) }) }
+
+// waitStandbyCaughtUp waits until m sees member id's standby of slot at
+// or past the owner's applied sequence.
+func waitStandbyCaughtUp(t *testing.T, m *memberUnderTest, slot int, id string) {
+	t.Helper()
+	testnats.Eventually(t, 30*time.Second, id+"'s standby applies the owner's writes", func() bool {
+		var pv struct {
+			Assignments []struct {
+				Slot           int               `json:"slot"`
+				OwnerApplied   uint64            `json:"owner_applied"`
+				StandbyApplied map[string]uint64 `json:"standby_applied"`
+			} `json:"assignments"`
+		}
+		resp, err := http.Get(m.base + "/v1/partitions")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		if json.NewDecoder(resp.Body).Decode(&pv) != nil {
+			return false
+		}
+		for _, as := range pv.Assignments {
+			if as.Slot == slot {
+				return as.OwnerApplied > 0 && as.StandbyApplied[id] >= as.OwnerApplied
+			}
+		}
+		return false
+	})
+}
+
+// TestReadsLeaveAFrozenOwner: an owner frozen as by SIGSTOP (its HTTP
+// accepts and never answers, its NATS link is gone) holds no read through
+// another member. An entity read is answered by the standby once the
+// owner has been silent for 500 ms (before: it waited for the client to
+// give up, even after the slot had moved); a read with wait, which only
+// an owner answers, is routed again when the slot moves. /v1/journals
+// names the frozen member rather than hanging with it.
+func TestReadsLeaveAFrozenOwner(t *testing.T) {
+	ns := testnats.Start(t)
+	natsLink := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	front := startFreezeProxy(t)
+	a := startMemberOpts(t, natsLink.URL(), "a", t.TempDir(), 1, Options{}, "--member-ttl", "6s", "--advertise-url", front.URL())
+	target := strings.TrimPrefix(a.base, "http://")
+	front.target.Store(&target)
+	a.settledOn(t, "a")
+	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{}, "--member-ttl", "6s")
+	v := b.settledOn(t, "a", "b")
+	slotA, tenant := ownedTenant(t, v, "a")
+	bus := newBus(t, ns)
+	id := uuid.NewString()
+	put := mustOK(t, bus.wait(bus.send(tenant, node(id))))
+	waitStandbyCaughtUp(t, b, slotA, "b")
+	path := b.base + "/v1/tenants/" + tenant + "/nodes/" + id
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(hdrReadFrom) != "" {
+		t.Fatalf("before the freeze, a read through b answered %d from %q, want 200 from the owner", resp.StatusCode, resp.Header.Get(hdrReadFrom))
+	}
+
+	front.Freeze()
+	natsLink.Cut()
+	frozenAt := time.Now()
+	// A read with wait: only the owner answers it; it must leave a when
+	// the slot moves, not wait for the client.
+	waited := make(chan error, 1)
+	go func() {
+		c := &http.Client{Timeout: 40 * time.Second}
+		resp, err := c.Get(path + "?wait=1s")
+		if err != nil {
+			waited <- err
+			return
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			waited <- fmt.Errorf("answered %d", resp.StatusCode)
+			return
+		}
+		waited <- nil
+	}()
+	fromStandby, fromOwner := 0, 0
+	testnats.Eventually(t, 60*time.Second, "reads through b answered by its standby, then by b as the owner", func() bool {
+		start := time.Now()
+		resp, err := client.Get(path)
+		if err != nil {
+			t.Fatalf("a read through b %s after a froze: %v", time.Since(frozenAt).Round(time.Millisecond), err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			AsOfTx string `json:"as_of_tx"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("a read through b %s after a froze answered %d", time.Since(frozenAt).Round(time.Millisecond), resp.StatusCode)
+		}
+		if resp.Header.Get(hdrReadFrom) == "standby" {
+			if body.AsOfTx < put.TxTime {
+				t.Fatalf("the standby answered at as_of_tx %q, below the put's tx %q", body.AsOfTx, put.TxTime)
+			}
+			fromStandby++
+		} else if fromStandby > 0 || time.Since(start) < hedgeAfter {
+			fromOwner++ // b owns the slot
+		}
+		return fromOwner > 0
+	})
+	if fromStandby == 0 {
+		t.Fatal("no read was answered by b's standby while a was frozen")
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("a read with wait sent to the frozen owner: %v", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("a read with wait sent to the frozen owner never ended")
+	}
+
+	var journals struct {
+		Journals    []any `json:"journals"`
+		Unreachable []struct {
+			Member string `json:"member"`
+		} `json:"unreachable"`
+	}
+	testnats.Eventually(t, 30*time.Second, "b's /v1/journals answers while a's record lives, or after", func() bool {
+		resp, err := client.Get(b.base + "/v1/journals")
+		if err != nil {
+			t.Fatalf("/v1/journals through b: %v", err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("/v1/journals through b answered %d", resp.StatusCode)
+		}
+		return json.NewDecoder(resp.Body).Decode(&journals) == nil
+	})
+	metricsBody := func() string {
+		resp, err := client.Get(b.base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return string(raw)
+	}()
+	if !strings.Contains(metricsBody, `telha_member_slow_owner_reads_total{answered="standby"}`) ||
+		!strings.Contains(metricsBody, fmt.Sprintf(`telha_partition_standby_reads_total{slot="%d"}`, slotA)) {
+		t.Fatalf("b's /metrics lacks the slow-owner or standby-read counts")
+	}
+	t.Logf("%d reads answered by b's standby, then b owned the slot; /v1/journals named %v", fromStandby, journals.Unreachable)
 }

@@ -2,6 +2,7 @@ package crashtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -601,6 +602,9 @@ type reader struct {
 	targets []*memberProc
 	reads   int
 	bad     []string
+	// within, when set, bounds each read, and a read that fails (its
+	// member is alive: no target exits) counts as bad.
+	within time.Duration
 }
 
 func (rd *reader) setTargets(ps ...*memberProc) {
@@ -610,7 +614,7 @@ func (rd *reader) setTargets(ps ...*memberProc) {
 }
 
 func (rd *reader) run(ctx context.Context, l *dynLoad) {
-	c := http.Client{Timeout: 30 * time.Second}
+	c := http.Client{Timeout: cmp.Or(rd.within, 30*time.Second)}
 	for i := 0; ctx.Err() == nil; i++ {
 		l.mu.Lock()
 		var n *pubNode
@@ -635,6 +639,12 @@ func (rd *reader) run(ctx context.Context, l *dynLoad) {
 		p := targets[i%len(targets)]
 		resp, err := c.Get(fmt.Sprintf("%s/v1/tenants/%s/nodes/%s", p.base(), n.tenant, n.id))
 		if err != nil {
+			if rd.within > 0 && ctx.Err() == nil {
+				rd.mu.Lock()
+				rd.reads++
+				rd.bad = append(rd.bad, fmt.Sprintf("%s %s/%s: %v", p.id, n.tenant, n.id, err))
+				rd.mu.Unlock()
+			}
 			continue
 		}
 		resp.Body.Close()
@@ -743,12 +753,31 @@ func TestDynamicZombieIsFenced(t *testing.T) {
 		defer l.mu.Unlock()
 		return len(l.firstAt) >= 100
 	})
+	// Readers through the live member, each read bounded: a read of the
+	// frozen owner's slot is answered by the standby, and never waits for
+	// the frozen process (before: it waited for the client to give up).
+	rd := &reader{within: 8 * time.Second}
+	rd.setTargets(other)
+	rctx, stopReads := context.WithCancel(ctx)
+	var rwg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		rwg.Add(1)
+		go func() { defer rwg.Done(); rd.run(rctx, l) }()
+	}
 	if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
 	g.settled(other, []string{other.id}, false, 60*time.Second)
 	t.Logf("%s took every slot %.1f s after %s was frozen", other.id, time.Since(stoppedAt).Seconds(), zombie.id)
+	stopReads()
+	rwg.Wait()
+	rd.mu.Lock()
+	if len(rd.bad) > 0 {
+		t.Errorf("%d of %d reads through %s while %s was frozen were not 200 within %s: %v", len(rd.bad), rd.reads, other.id, zombie.id, rd.within, rd.bad[:min(10, len(rd.bad))])
+	}
+	t.Logf("%d reads through %s while %s was frozen, all 200 within %s", rd.reads, other.id, zombie.id, rd.within)
+	rd.mu.Unlock()
 	// The new owner writes: results of requests published after it took over.
 	took := time.Now()
 	testnats.Eventually(t, 30*time.Second, "results after the takeover", func() bool {

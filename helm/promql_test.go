@@ -60,6 +60,8 @@ var workerMetrics = map[string]string{
 	"telha_member_live_members":              "gauge",
 	"telha_partition_moves_total":            "counter",
 	"telha_partition_fence_claims_total":     "counter",
+	"telha_partition_standby_reads_total":    "counter",
+	"telha_member_slow_owner_reads_total":    "counter",
 }
 
 // prometheusMetrics are the series Prometheus writes itself for every

@@ -49,6 +49,8 @@ type MemberMetrics struct {
 	Registry      *prometheus.Registry
 	apiDenied     *prometheus.CounterVec
 	deniedReasons map[string]bool
+	standbyReads  *prometheus.CounterVec
+	slowOwner     *prometheus.CounterVec
 }
 
 // NewMemberMetrics registers a member's families; deniedReasons are the
@@ -59,11 +61,23 @@ func NewMemberMetrics(b Build, st MemberState, deniedReasons []string) *MemberMe
 		Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 	}, []string{"version", "revision", "goversion"})
 	bi.WithLabelValues(b.Version, b.Revision, runtime.Version()).Set(1)
-	m := &MemberMetrics{Registry: r, apiDenied: newAPIDenied(), deniedReasons: setOf(deniedReasons)}
+	m := &MemberMetrics{Registry: r, apiDenied: newAPIDenied(), deniedReasons: setOf(deniedReasons),
+		standbyReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_partition_standby_reads_total",
+			Help: "Entity reads this member's standby copy of the slot answered (no owner answered them, or the owner was slow).",
+		}, []string{"slot"}),
+		slowOwner: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_member_slow_owner_reads_total",
+			Help: "Reads this member forwarded to a slot's owner that had not begun to answer within 500 ms, by who answered them (standby, owner, none).",
+		}, []string{"answered"}),
+	}
 	for _, reason := range deniedReasons {
 		m.apiDenied.WithLabelValues(reason)
 	}
-	r.MustRegister(bi, &memberCollector{st: st}, m.apiDenied,
+	for _, a := range []string{SlowOwnerStandby, SlowOwnerOwner, SlowOwnerNone} {
+		m.slowOwner.WithLabelValues(a)
+	}
+	r.MustRegister(bi, &memberCollector{st: st}, m.apiDenied, m.standbyReads, m.slowOwner,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -71,6 +85,25 @@ func NewMemberMetrics(b Build, st MemberState, deniedReasons []string) *MemberMe
 // Denied counts a read the member refused (access control).
 func (m *MemberMetrics) Denied(reason string) {
 	m.apiDenied.WithLabelValues(known(m.deniedReasons, reason, Other)).Inc()
+}
+
+// StandbyRead counts an entity read answered from this member's standby
+// copy of slot.
+func (m *MemberMetrics) StandbyRead(slot int) {
+	m.standbyReads.WithLabelValues(strconv.Itoa(slot)).Inc()
+}
+
+// Who answered a read whose owner was slow (telha_member_slow_owner_reads_total).
+const (
+	SlowOwnerStandby = "standby"
+	SlowOwnerOwner   = "owner"
+	SlowOwnerNone    = "none" // the slot moved, or the client gave up
+)
+
+// SlowOwner counts a forwarded read whose owner had not begun to answer
+// within the member's hedge delay, by who answered it.
+func (m *MemberMetrics) SlowOwner(answered string) {
+	m.slowOwner.WithLabelValues(answered).Inc()
 }
 
 // SlotGatherer gathers a slot's registry with the label slot="<slot>" on
