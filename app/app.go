@@ -109,7 +109,8 @@ type Host struct {
 	RequestCounts func() (map[string]float64, error)
 	// StoreBytes is the size of every copy on the member's disk.
 	StoreBytes func() uint64
-	Group      func() *ui.Group
+	// Group is the group as the status page served by slot page shows it.
+	Group func(page int) *ui.Group
 }
 
 // App is a running worker.

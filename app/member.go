@@ -678,6 +678,15 @@ func (m *memberRun) record() member.Member {
 				State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AgeSeconds: j.AgeSeconds})
 		}
 	}
+	var finished []member.FinishedRef
+	for _, o := range m.localOwners() {
+		for _, f := range o.app.recentlyFinished() {
+			finished = append(finished, member.FinishedRef{Slot: o.i, Tenant: f.Tenant, NodeID: f.NodeID, RequestID: f.RequestID,
+				Outcome: f.Outcome, EdgesTombstoned: f.EdgesTombstoned, Attempts: f.Attempts, Finished: f.Finished.UTC(), TookSeconds: f.Took.Seconds()})
+		}
+	}
+	slices.SortStableFunc(finished, func(a, b member.FinishedRef) int { return b.Finished.Compare(a.Finished) })
+	rec.Finished = finished[:min(len(finished), member.MaxFinishedInRecord)]
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for s, r := range m.slots {
@@ -1548,10 +1557,27 @@ func dirSize(dir string) uint64 {
 }
 
 // group is the group as this member sees it, for the status page.
-func (m *memberRun) group() *ui.Group {
+func (m *memberRun) group(page int) *ui.Group {
+	// This member's slots first (live; not under m.mu: each slot's
+	// registries have their own locks).
+	now := time.Now()
+	var journals []ui.GroupJournal
+	var finished []ui.FinishedJournal
+	for _, o := range m.localOwners() {
+		if o.i != page { // the page's own slot has its live rows
+			for _, j := range o.app.journals() {
+				journals = append(journals, ui.GroupJournal{Slot: o.i, Member: m.id, Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID,
+					State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AsOf: now})
+			}
+		}
+		for _, f := range o.app.recentlyFinished() {
+			f.Slot, f.Member = o.i, m.id
+			finished = append(finished, f)
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	g := &ui.Group{Member: m.id, Owned: []int{},
+	g := &ui.Group{Member: m.id, Owned: []int{}, Journals: journals,
 		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper cards are those of the lowest slot it owns, and each slot's own are in the slots table."}
 	owns := map[string][]int{}
 	for _, a := range m.assign {
@@ -1571,6 +1597,22 @@ func (m *memberRun) group() *ui.Group {
 		for _, j := range mm.Journals {
 			g.Journals = append(g.Journals, ui.GroupJournal{Slot: j.Slot, Member: mm.ID, Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID,
 				State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AsOf: mm.Renewed})
+		}
+		for _, f := range mm.Finished {
+			finished = append(finished, ui.FinishedJournal{Slot: f.Slot, Member: mm.ID, Tenant: f.Tenant, NodeID: f.NodeID, RequestID: f.RequestID,
+				Outcome: f.Outcome, EdgesTombstoned: f.EdgesTombstoned, Attempts: f.Attempts, Finished: f.Finished,
+				Took: time.Duration(f.TookSeconds * float64(time.Second))})
+		}
+	}
+	// A slot that moved may be listed by its old owner's record and by
+	// its new owner: one row a journal.
+	slices.SortStableFunc(finished, func(a, b ui.FinishedJournal) int { return b.Finished.Compare(a.Finished) })
+	seen := map[string]bool{}
+	for _, f := range finished {
+		key := f.Tenant + "/" + f.NodeID + "/" + f.RequestID
+		if !seen[key] {
+			seen[key] = true
+			g.Finished = append(g.Finished, f)
 		}
 	}
 	for i := len(m.events) - 1; i >= 0; i-- {

@@ -538,7 +538,7 @@ func TestMembershipEvents(t *testing.T) {
 
 // TestGroupStatusPage: the status page of any member shows the whole
 // group (issue 30 item 6): its members, whose figures the page shows, and
-// a journal in flight on another member's slot.
+// a journal in flight on another member's slot, then finished there.
 func TestGroupStatusPage(t *testing.T) {
 	ns := testnats.Start(t)
 	hold, opts := newChunkHold()
@@ -559,26 +559,8 @@ func TestGroupStatusPage(t *testing.T) {
 		}
 	}
 	bus := newBus(t, ns)
-	hub := uuid.NewString()
-	mustOK(t, bus.wait(bus.send(tenant, node(hub))))
-	for i := 0; i < 3*cascade.MinMaxBatchOps; i++ {
-		spoke := uuid.NewString()
-		mustOK(t, bus.wait(bus.send(tenant, node(spoke))))
-		mustOK(t, bus.wait(bus.send(tenant, edge(uuid.NewString(), hub, spoke))))
-	}
-	hold.arm()
-	del := bus.send(tenant, tombNode(hub))
-	select {
-	case <-hold.held:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the cascade was not journaled on m1")
-	}
-	released := false
-	defer func() {
-		if !released {
-			close(hold.release)
-		}
-	}()
+	hub, del, release := journalHeld(t, bus, hold, tenant)
+	defer release()
 	get := func(path string) string {
 		resp, err := http.Get(m0.base + path)
 		if err != nil {
@@ -607,9 +589,21 @@ func TestGroupStatusPage(t *testing.T) {
 	if row := slotRowOf(page, slot1); !strings.Contains(row, `<td class="slot-queue"></td>`) {
 		t.Errorf("m1's slot %d row shows a queue on m0's page: %s", slot1, row)
 	}
-	close(hold.release)
-	released = true
-	mustOK(t, bus.wait(del))
+	release()
+	res := mustOK(t, bus.wait(del))
+	// Finished on m1's slot, it is listed under "recently finished" on
+	// m0's page too, with its slot and member (before: only the journals
+	// of the slot serving the page were).
+	testnats.Eventually(t, 20*time.Second, "m0's journals page lists the journal finished on m1's slot", func() bool {
+		page := get("/ui/journals")
+		i := strings.Index(page, fmt.Sprintf(`<tr class="finished" data-request="%s">`, res.RequestID))
+		if i < 0 {
+			return false
+		}
+		row := page[i:]
+		row = row[:strings.Index(row, "</tr>")]
+		return strings.Contains(row, fmt.Sprintf(`<td class="num">%d</td><td class="id">m1</td>`, slot1))
+	})
 }
 
 // TestStandbyAnswersReadsDuringAFailover (issue 30 item 3): when a slot's
@@ -1093,4 +1087,60 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 		t.Fatalf("b's /metrics lacks the slow-owner or standby-read counts")
 	}
 	t.Logf("%d reads answered by b's standby, then b owned the slot; /v1/journals named %v", fromStandby, journals.Unreachable)
+}
+
+// TestMemberPageListsItsOtherSlotsJournals: a member's status page is
+// served by the lowest slot it owns; a journal in flight on another of its
+// slots is listed too (before: neither as a live row nor as the group's).
+func TestMemberPageListsItsOtherSlotsJournals(t *testing.T) {
+	ns := testnats.Start(t)
+	hold, opts := newChunkHold()
+	m0 := startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
+	m0.settledOn(t, "m0") // owns both slots; slot 0 serves its page
+	tenant := ""
+	for i := 0; tenant == ""; i++ {
+		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == 1 {
+			tenant = c
+		}
+	}
+	bus := newBus(t, ns)
+	hub, del, release := journalHeld(t, bus, hold, tenant)
+	defer release()
+	resp, err := http.Get(m0.base + "/ui/journals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf(`class="group-journal" data-node="%s" data-slot="1"`, hub); !strings.Contains(string(page), want) {
+		t.Fatalf("m0's journals page does not list the journal in flight on its slot 1 (%s)", want)
+	}
+	release()
+	mustOK(t, bus.wait(del))
+}
+
+// journalHeld tombstones a new hub of tenant with enough edges to be
+// journaled (--max-batch-ops cascade.MinMaxBatchOps) and returns once
+// hold holds its first chunk: the hub, the request's id, and the release
+// of the hold (idempotent).
+func journalHeld(t *testing.T, bus *bus, hold *chunkHold, tenant string) (hub, del string, release func()) {
+	t.Helper()
+	hub = uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(hub))))
+	for i := 0; i < 3*cascade.MinMaxBatchOps; i++ {
+		spoke := uuid.NewString()
+		mustOK(t, bus.wait(bus.send(tenant, node(spoke))))
+		mustOK(t, bus.wait(bus.send(tenant, edge(uuid.NewString(), hub, spoke))))
+	}
+	hold.arm()
+	del = bus.send(tenant, tombNode(hub))
+	var once sync.Once
+	release = func() { once.Do(func() { close(hold.release) }) }
+	select {
+	case <-hold.held:
+	case <-time.After(30 * time.Second):
+		release()
+		t.Fatal("the cascade was not journaled")
+	}
+	return hub, del, release
 }

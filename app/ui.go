@@ -32,7 +32,8 @@ func (a *App) uiHandler() http.Handler {
 	if h := a.host; h != nil {
 		// A member's page: the member's figures (every slot it runs),
 		// whichever of its slots serves the page.
-		started, counts, size, group = h.Started, h.RequestCounts, h.StoreBytes, h.Group
+		started, counts, size = h.Started, h.RequestCounts, h.StoreBytes
+		group = func() *ui.Group { return h.Group(a.cfg.Owner.Index) }
 	}
 	smp := &uiSampler{rates: &rateWindow{}, history: &journalHistory{}, progress: ui.NewProgress(), counts: counts}
 	base, err := counts()
@@ -166,6 +167,19 @@ func (a *App) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err
 	if page, ok := (*p).(*uiPage); ok && e != nil {
 		page.sampler.history.finished(e, rc, err, time.Now())
 	}
+}
+
+// recentlyFinished is the status page's recently finished journals,
+// newest first (none before the page is up).
+func (a *App) recentlyFinished() []ui.FinishedJournal {
+	p := a.uiH.Load()
+	if p == nil {
+		return nil
+	}
+	if page, ok := (*p).(*uiPage); ok {
+		return page.sampler.history.list()
+	}
+	return nil
 }
 
 // requestCounts is telha_requests_total summed by status.

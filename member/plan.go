@@ -39,10 +39,30 @@ type Member struct {
 	// last renewal, oldest first, at most MaxJournalsInRecord (every
 	// member's status page lists the group's).
 	Journals []JournalRef `json:"journals,omitempty"`
+	// Finished: the journals that finished last on the slots it owns,
+	// newest first, at most MaxFinishedInRecord (every member's status
+	// page lists the group's recently finished).
+	Finished []FinishedRef `json:"finished,omitempty"`
 }
 
 // MaxJournalsInRecord bounds Member.Journals (a record stays small).
 const MaxJournalsInRecord = 20
+
+// MaxFinishedInRecord bounds Member.Finished.
+const MaxFinishedInRecord = 10
+
+// FinishedRef is a journal that finished on a member's slot.
+type FinishedRef struct {
+	Slot            int       `json:"slot"`
+	Tenant          string    `json:"tenant"`
+	NodeID          string    `json:"node_id"`
+	RequestID       string    `json:"request_id,omitempty"`
+	Outcome         string    `json:"outcome"`
+	EdgesTombstoned uint64    `json:"edges_tombstoned"`
+	Attempts        int       `json:"attempts"`
+	Finished        time.Time `json:"finished"`
+	TookSeconds     float64   `json:"took_seconds"`
+}
 
 // JournalRef is a journal in flight on a member's slot.
 type JournalRef struct {

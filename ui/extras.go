@@ -181,6 +181,9 @@ func (s *server) pauseAction(w http.ResponseWriter, r *http.Request, p api.Princ
 // FinishedJournal is a journal that left the list (the worker keeps the
 // last ones in memory, for the journals page's recent history).
 type FinishedJournal struct {
+	// Slot and Member: where it ran (shown on a member's page only).
+	Slot                      int
+	Member                    string
 	Tenant, NodeID, RequestID string
 	// Outcome: the request's receipt status (ok, ...), or what is known.
 	Outcome         string

@@ -97,9 +97,14 @@ type Group struct {
 	FiguresOf string
 	Members   []MemberRow
 	Events    []EventRow // newest first
-	// Journals: in flight on the other members' slots, as of their last
-	// renewal (this member's own are the page's live rows).
+	// Journals: in flight on the member's other slots (live) and on the
+	// other members' slots, as of their last renewal (the slot serving the
+	// page has its own live rows).
 	Journals []GroupJournal
+	// Finished: the journals that finished last on every slot of the
+	// group (this member's, and each other member's newest as of its last
+	// renewal), newest first.
+	Finished []FinishedJournal
 }
 
 // MemberRow is one member of the group.
@@ -119,7 +124,7 @@ type EventRow struct {
 	What string
 }
 
-// GroupJournal is a journal in flight on another member's slot.
+// GroupJournal is a journal in flight on another slot of the group.
 type GroupJournal struct {
 	Slot       int
 	Member     string
@@ -440,24 +445,31 @@ func (s *server) journals(w http.ResponseWriter, r *http.Request, p api.Principa
 		}
 	}
 	d.Rows = rows
+	var g *Group
 	if s.o.Group != nil {
-		if g := s.o.Group(); g != nil {
-			d.Group = true
-			for _, j := range g.Journals {
-				if p.Sees(j.Tenant) {
-					d.Others = append(d.Others, j)
-				}
+		g = s.o.Group()
+	}
+	if g != nil {
+		d.Group = true
+		for _, j := range g.Journals {
+			if p.Sees(j.Tenant) {
+				d.Others = append(d.Others, j)
 			}
 		}
 	}
 	if len(rows) > 0 || len(d.Others) > 0 {
 		pg.Refresh = 1
 	}
-	if s.o.Finished != nil {
-		for _, f := range s.o.Finished() {
-			if p.Sees(f.Tenant) {
-				d.Finished = append(d.Finished, f)
-			}
+	finished := []FinishedJournal(nil)
+	switch {
+	case g != nil:
+		finished = g.Finished // every slot's, not only the one serving the page
+	case s.o.Finished != nil:
+		finished = s.o.Finished()
+	}
+	for _, f := range finished {
+		if p.Sees(f.Tenant) {
+			d.Finished = append(d.Finished, f)
 		}
 	}
 	pg.Data = d
