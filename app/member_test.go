@@ -742,6 +742,9 @@ func TestMemberSharesAuthAndTracer(t *testing.T) {
 	if denied != 3 {
 		t.Fatalf("telha_api_denied_total{reason=\"unauthenticated\"} sums to %v over the member's series, want 3", denied)
 	}
+	if strings.Contains(string(body), `telha_api_denied_total{reason="unauthenticated",slot=`) {
+		t.Fatal("a slot's telha_api_denied_total series is exported: the member counts refusals, a slot's would stay 0")
+	}
 
 	bus := newBus(t, ns)
 	mustOK(t, bus.wait(bus.send("acme", node(uuid.NewString()))))

@@ -108,7 +108,9 @@ func (m *MemberMetrics) SlowOwner(answered string) {
 
 // SlotGatherer gathers a slot's registry with the label slot="<slot>" on
 // every series, leaving out the process-wide families (go_*, process_*,
-// telha_build_info) that the member's own registry already has.
+// telha_build_info) that the member's own registry already has, and
+// telha_api_denied_total, which the member counts (it checks every read
+// once, for all its slots: a slot's series would stay 0).
 func SlotGatherer(slot int, g prometheus.Gatherer) prometheus.Gatherer {
 	label := &dto.LabelPair{Name: proto.String("slot"), Value: proto.String(strconv.Itoa(slot))}
 	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
@@ -116,7 +118,7 @@ func SlotGatherer(slot int, g prometheus.Gatherer) prometheus.Gatherer {
 		out := fams[:0]
 		for _, f := range fams {
 			n := f.GetName()
-			if strings.HasPrefix(n, "go_") || strings.HasPrefix(n, "process_") || n == "telha_build_info" {
+			if strings.HasPrefix(n, "go_") || strings.HasPrefix(n, "process_") || n == "telha_build_info" || n == "telha_api_denied_total" {
 				continue
 			}
 			for _, m := range f.Metric {
