@@ -1337,6 +1337,12 @@ func (b *bufferedResponse) Write(p []byte) (int, error) {
 	return b.body.Write(p)
 }
 
+// reset forgets what was written.
+func (b *bufferedResponse) reset() {
+	b.h, b.status = http.Header{}, 0
+	b.body.Reset()
+}
+
 // writeTo writes the answer kept to w.
 func (b *bufferedResponse) writeTo(w http.ResponseWriter) {
 	for k, vs := range b.h {
@@ -1609,7 +1615,7 @@ func (m *memberRun) group(page int) *ui.Group {
 	slices.SortStableFunc(finished, func(a, b ui.FinishedJournal) int { return b.Finished.Compare(a.Finished) })
 	seen := map[string]bool{}
 	for _, f := range finished {
-		key := f.Tenant + "/" + f.NodeID + "/" + f.RequestID
+		key := fmt.Sprint(f.Tenant, "/", f.NodeID, "/", f.RequestID, "/", f.Finished.UnixNano())
 		if !seen[key] {
 			seen[key] = true
 			g.Finished = append(g.Finished, f)
@@ -1811,15 +1817,20 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	forwarded := r.Header.Get(hdrForwarded) != ""
 	arrived := time.Now()
 	deadline := arrived.Add(m.cfg.Member.ForwardWait)
+	// Between rounds: 50 ms, doubling to 400 ms, so the reads waiting for
+	// a slot that takes seconds to start do not flood its member.
+	pause := 50 * time.Millisecond
 	for {
 		if a := m.localOwner(s); a != nil {
 			if a.serveHosted(w, r) {
 				return
 			}
 		} else if forwarded {
-			// Forwarded to this member's standby (its owner did not answer
-			// the member that forwarded it, or was slow).
-			if r.Header.Get(hdrStandbyRead) != "" && !m.assignedHere(s) && m.standbyRead(w, r, s, arrived) {
+			// A standby copy here answers (asked for it: the owner did not
+			// answer the member that forwarded the read, or was slow; or
+			// this member was just given the slot, and its copy tails on
+			// until the previous owner lets go).
+			if m.standbyRead(w, r, s, arrived) {
 				return
 			}
 			// Forwarded here, but the slot is not (or no longer) this
@@ -1852,8 +1863,9 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(pause):
 		}
+		pause = min(2*pause, 400*time.Millisecond)
 	}
 }
 
@@ -1870,13 +1882,15 @@ func (m *memberRun) standbyAnswer(w http.ResponseWriter, r *http.Request, s int,
 	for _, url := range m.standbyURLs(s) {
 		// A copy answers at once (it waits at most for one log-end
 		// request): a member that does not is frozen, and the next is
-		// asked.
+		// asked. Its answer is read whole within the bound, then written.
 		ctx, cancel := context.WithTimeout(r.Context(), standbyForwardTimeout)
 		sr := r.Clone(ctx)
 		sr.Header.Set(hdrStandbyRead, "1")
-		ok := m.forwardIf(w, sr, url, m.standbyAnswered)
+		buf := &bufferedResponse{h: http.Header{}}
+		ok := m.forwardIf(buf, sr, url, m.standbyAnswered)
 		cancel()
 		if ok {
+			buf.writeTo(w)
 			return true
 		}
 	}
@@ -1893,60 +1907,94 @@ const hedgeAfter = 500 * time.Millisecond
 // standby.
 const standbyForwardTimeout = 3 * time.Second
 
-// forwardToOwner forwards r to slot s's owner at base. The forward ends
-// when route does (the slot's owner changed, or its record expired), and
-// false says the caller routes again. A read a standby may answer
-// (an entity read without wait: one with wait may wait at the owner for
-// its tx) whose owner has not begun to answer within hedgeAfter is asked
-// of a standby too, and the first answer is the read's.
+// forwardToOwner forwards r to slot s's owner at base. Until the owner's
+// answer begins, the forward ends when route does (the slot's owner
+// changed, or its record expired), and false says the caller routes
+// again; once it has begun, it is relayed whole. A read a standby may
+// answer (an entity read without wait: one with wait may wait at the
+// owner for its tx) whose owner has not begun to answer within hedgeAfter
+// is asked of a standby too, and the first answer is the read's.
 func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int, base string, route context.Context, arrived time.Time) bool {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	defer context.AfterFunc(route, cancel)()
+	unroute := context.AfterFunc(route, cancel)
+	defer unroute()
 	fr := r.WithContext(ctx)
-	if !standbyAnswers(r) || r.URL.Query().Has("wait") || (m.localStandby(s) == nil && len(m.standbyURLs(s)) == 0) {
+	send := func() (*http.Response, error) {
 		resp, err := m.send(fr, base)
+		if err == nil && !unroute() { // begun: a route change no longer cuts it
+			resp.Body.Close()
+			return nil, context.Canceled // the route changed as it began
+		}
+		return resp, err
+	}
+	if !standbyAnswers(r) || r.URL.Query().Has("wait") || (m.localStandby(s) == nil && len(m.standbyURLs(s)) == 0) {
+		resp, err := send()
 		return m.relay(w, resp, err, passAll)
 	}
 	type sent struct {
 		resp *http.Response
 		err  error
 	}
-	ch := make(chan sent, 1)
+	owner := make(chan sent, 1)
 	go func() {
-		resp, err := m.send(fr, base)
-		ch <- sent{resp, err}
+		resp, err := send()
+		owner <- sent{resp, err}
 	}()
 	timer := time.NewTimer(hedgeAfter)
 	defer timer.Stop()
 	select {
-	case res := <-ch:
+	case res := <-owner:
 		return m.relay(w, res.resp, res.err, passAll)
 	case <-timer.C:
 	}
+	// The owner is slow: a standby is asked beside it, into memory.
+	sctx, scancel := context.WithCancel(r.Context())
+	defer scancel()
 	buf := &bufferedResponse{h: http.Header{}}
-	if m.standbyAnswer(buf, r, s, arrived) {
-		cancel()
-		go func() {
-			if res := <-ch; res.resp != nil {
+	standby := make(chan bool, 1)
+	go func() { standby <- m.standbyAnswer(buf, r.WithContext(sctx), s, arrived) }()
+	for {
+		select {
+		case res := <-owner:
+			if res.err == nil && standby != nil && notOwner(res.resp) {
+				// Refused (it owns the slot no more, or is past its lease):
+				// as good as no answer while the standby may still give one.
+				_, _ = io.Copy(io.Discard, io.LimitReader(res.resp.Body, 1<<16))
 				res.resp.Body.Close()
+				res = sent{err: errNotOwner}
 			}
-		}()
-		m.proms.SlowOwner(metrics.SlowOwnerStandby)
-		buf.writeTo(w)
-		return true
+			if res.err == nil || standby == nil {
+				if standby != nil {
+					scancel()
+					<-standby // buf is the standby's until it returns
+				}
+				answered := m.relay(w, res.resp, res.err, passAll)
+				m.proms.SlowOwner(map[bool]string{true: metrics.SlowOwnerOwner, false: metrics.SlowOwnerNone}[answered])
+				return answered
+			}
+			owner = nil // the owner failed: the standby's answer decides
+		case ok := <-standby:
+			if ok {
+				cancel()
+				if owner != nil {
+					go func() {
+						if res := <-owner; res.resp != nil {
+							res.resp.Body.Close()
+						}
+					}()
+				}
+				m.proms.SlowOwner(metrics.SlowOwnerStandby)
+				buf.writeTo(w)
+				return true
+			}
+			standby = nil
+			if owner == nil {
+				m.proms.SlowOwner(metrics.SlowOwnerNone)
+				return false
+			}
+		}
 	}
-	res := <-ch
-	answered := m.relay(w, res.resp, res.err, passAll)
-	m.proms.SlowOwner(map[bool]string{true: metrics.SlowOwnerOwner, false: metrics.SlowOwnerNone}[answered])
-	return answered
-}
-
-// forward sends r to the member at base and copies the answer; false
-// (nothing written) when that member could not be reached (gone) or owns
-// the slot no more: the caller routes again.
-func (m *memberRun) forward(w http.ResponseWriter, r *http.Request, base string) bool {
-	return m.forwardIf(w, r, base, passAll)
 }
 
 func passAll(int) bool { return true }
@@ -1975,7 +2023,10 @@ func (m *memberRun) standbyAnswered(status int) bool {
 	return false
 }
 
-// forwardIf is forward, passing the answer on only when pass(status).
+// forwardIf sends r to the member at base and copies the answer when
+// pass(status); false (nothing written) when that member could not be
+// reached (gone), owns the slot no more, or pass refused the answer: the
+// caller routes again.
 func (m *memberRun) forwardIf(w http.ResponseWriter, r *http.Request, base string, pass func(status int) bool) bool {
 	resp, err := m.send(r, base)
 	return m.relay(w, resp, err, pass)
@@ -1990,7 +2041,7 @@ func (m *memberRun) send(r *http.Request, base string) (*http.Response, error) {
 	}
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, base+r.URL.RequestURI(), body)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", errUnforwardable, err)
 	}
 	req.Header = r.Header.Clone()
 	for h := range req.Header {
@@ -2007,11 +2058,15 @@ func (m *memberRun) send(r *http.Request, base string) (*http.Response, error) {
 // reports whether it did; false (nothing written) when the member could
 // not be reached, owns the slot no more, or pass refused the answer.
 func (m *memberRun) relay(w http.ResponseWriter, resp *http.Response, err error, pass func(status int) bool) bool {
+	if errors.Is(err, errUnforwardable) {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
+		return true
+	}
 	if err != nil {
 		return false
 	}
 	defer resp.Body.Close()
-	if (resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != "") || !pass(resp.StatusCode) {
+	if notOwner(resp) || !pass(resp.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		return false // that member no longer owns the slot (or cannot answer): route again
 	}
@@ -2024,9 +2079,30 @@ func (m *memberRun) relay(w http.ResponseWriter, resp *http.Response, err error,
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		if b, ok := w.(*bufferedResponse); ok {
+			b.reset() // a cut answer is no answer
+			return false
+		}
+		// The status is out: the client must see a broken answer, not a
+		// short one that looks whole.
+		panic(http.ErrAbortHandler)
+	}
 	return true
 }
+
+// notOwner: the member answered that it does not own the slot (or is past
+// its lease): the read is routed again.
+func notOwner(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get(hdrNotOwner) != ""
+}
+
+// errNotOwner stands for a notOwner answer already read.
+var errNotOwner = errors.New("not the slot's owner")
+
+// errUnforwardable: a read that cannot be made into a request to another
+// member (400).
+var errUnforwardable = errors.New("cannot forward the read")
 
 // journals lists the journals of every slot this member owns and, unless
 // forwarded, of every other member's (fetched from them), as a token may

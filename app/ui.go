@@ -177,6 +177,7 @@ func (a *App) recentlyFinished() []ui.FinishedJournal {
 		return nil
 	}
 	if page, ok := (*p).(*uiPage); ok {
+		page.sampler.history.observe(a, time.Now()) // what finished since the sampler's last tick, too
 		return page.sampler.history.list()
 	}
 	return nil
