@@ -38,11 +38,11 @@ commands:
                   its original subject, or remove one
   owner --tenant T
                   the partition of a tenant and the replica that owns it
-  pause --replica N|--all [--for D]
-                  pause a replica's consumer (JetStream consumer pause):
+  pause --replica N|--slot N|--all [--for D]
+                  pause a replica's (slot's) consumer (JetStream consumer pause):
                   its worker takes no request until resumed (or for D);
                   the pause survives a restart
-  resume --replica N|--all
+  resume --replica N|--slot N|--all
                   resume it
   checkpoints --slots N [--slot I] [--get NAME --out FILE]
                   list the checkpoints of the layout i/N or dynamic/N (the

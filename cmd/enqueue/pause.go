@@ -23,7 +23,8 @@ func runPause(ctx context.Context, g *globals, cmd string, args []string, stdout
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	stream := fs.String("stream", client.ReqStream, "the request stream")
-	replica := fs.Int("replica", -1, "the replica whose consumer (telha-worker-<replica>) to "+cmd+" (required unless --all)")
+	replica := fs.Int("replica", -1, "the replica (slot) whose consumer (telha-worker-<replica>) to "+cmd+" (required unless --all)")
+	fs.IntVar(replica, "slot", -1, "the same as --replica: a slot of --partition-owner dynamic/N is replica i/N's consumer")
 	all := fs.Bool("all", false, cmd+" every replica's consumer (telha-worker-*)")
 	var forDur time.Duration
 	if cmd == "pause" {
@@ -35,9 +36,9 @@ func runPause(ctx context.Context, g *globals, cmd string, args []string, stdout
 	}
 	switch {
 	case len(pos) > 0:
-		return usageError{fmt.Sprintf("%s takes no arguments (--replica N or --all)", cmd)}
+		return usageError{fmt.Sprintf("%s takes no arguments (--replica N, --slot N or --all)", cmd)}
 	case *all == (*replica >= 0):
-		return usageError{fmt.Sprintf("%s needs one of --replica N or --all (enqueue owner --tenant T names a tenant's replica)", cmd)}
+		return usageError{fmt.Sprintf("%s needs one of --replica N (or --slot N) or --all (enqueue owner --tenant T names a tenant's replica or slot)", cmd)}
 	case forDur < 0:
 		return usageError{fmt.Sprintf("--for %s must not be negative", forDur)}
 	}

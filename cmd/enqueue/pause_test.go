@@ -41,9 +41,13 @@ func TestEnqueuePauseResume(t *testing.T) {
 	if code, _, errOut := enqueue(t, "pause", "--nats-url", url); code != 2 || !strings.Contains(errOut, "--replica") {
 		t.Fatalf("pause without --replica: exit %d %q, want 2", code, errOut)
 	}
-	code, out, errOut := enqueue(t, "pause", "--nats-url", url, "--replica", "0")
-	if code != 0 || !strings.Contains(out, `"paused":true`) || !strings.Contains(out, "until resumed") {
-		t.Fatalf("pause: %d %q %q", code, out, errOut)
+	if code, _, errOut := enqueue(t, "pause", "--nats-url", url, "--replica", "0", "--all"); code != 2 {
+		t.Fatalf("pause --replica 0 --all: exit %d %q, want 2", code, errOut)
+	}
+	// --slot is --replica (a slot of dynamic/N is replica i/N's consumer).
+	code, out, errOut := enqueue(t, "pause", "--nats-url", url, "--slot", "0")
+	if code != 0 || !strings.Contains(out, `"consumer":"telha-worker-0"`) || !strings.Contains(out, `"paused":true`) || !strings.Contains(out, "until resumed") {
+		t.Fatalf("pause --slot 0: %d %q %q", code, out, errOut)
 	}
 	if i := info(); !i.Paused {
 		t.Fatalf("after enqueue pause: consumer %+v not paused", i)
