@@ -992,8 +992,8 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 	put := mustOK(t, bus.wait(bus.send(tenant, node(id))))
 	waitStandbyCaughtUp(t, b, slotA, "b")
 	path := b.base + "/v1/tenants/" + tenant + "/nodes/" + id
-	client := &http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get(path)
+	hc := &http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1002,9 +1002,31 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 		t.Fatalf("before the freeze, a read through b answered %d from %q, want 200 from the owner", resp.StatusCode, resp.Header.Get(hdrReadFrom))
 	}
 
+	// client.Reader sends the read to a (its owner) itself.
+	reader := &client.Reader{Base: b.base, RefreshEvery: time.Hour}
+	readerGet := func() (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := reader.Get(ctx, "/v1/tenants/"+tenant+"/nodes/"+id)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, err
+	}
+	if code, err := readerGet(); code != http.StatusOK {
+		t.Fatalf("before the freeze, a read through client.Reader: %d %v", code, err)
+	}
+
 	front.Freeze()
 	natsLink.Cut()
 	frozenAt := time.Now()
+	// The reader leaves the frozen owner after HedgeAfter for its Base (b),
+	// which asks its standby.
+	if code, err := readerGet(); code != http.StatusOK {
+		t.Fatalf("a read through client.Reader at the frozen owner: %d %v", code, err)
+	}
 	// A read with wait: only the owner answers it; it must leave a when
 	// the slot moves, not wait for the client.
 	waited := make(chan error, 1)
@@ -1025,7 +1047,7 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 	fromStandby, fromOwner := 0, 0
 	testnats.Eventually(t, 60*time.Second, "reads through b answered by its standby, then by b as the owner", func() bool {
 		start := time.Now()
-		resp, err := client.Get(path)
+		resp, err := hc.Get(path)
 		if err != nil {
 			t.Fatalf("a read through b %s after a froze: %v", time.Since(frozenAt).Round(time.Millisecond), err)
 		}
@@ -1066,7 +1088,7 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 		} `json:"unreachable"`
 	}
 	testnats.Eventually(t, 30*time.Second, "b's /v1/journals answers while a's record lives, or after", func() bool {
-		resp, err := client.Get(b.base + "/v1/journals")
+		resp, err := hc.Get(b.base + "/v1/journals")
 		if err != nil {
 			t.Fatalf("/v1/journals through b: %v", err)
 		}
@@ -1077,7 +1099,7 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 		return json.NewDecoder(resp.Body).Decode(&journals) == nil
 	})
 	metricsBody := func() string {
-		resp, err := client.Get(b.base + "/metrics")
+		resp, err := hc.Get(b.base + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1146,4 +1168,66 @@ func journalHeld(t *testing.T, bus *bus, hold *chunkHold, tenant string) (hub, d
 		t.Fatal("the cascade was not journaled")
 	}
 	return hub, del, release
+}
+
+// TestReaderReadsAtTheOwner (issue 30 item 8): client.Reader sends each
+// read to its tenant's owner as /v1/partitions says: with the member it
+// was given (Base) frozen, reads of both members' slots are still
+// answered; when a slot's owner leaves, its reads go through Base again
+// and are answered by the new owner.
+func TestReaderReadsAtTheOwner(t *testing.T) {
+	ns := testnats.Start(t)
+	m0 := startMember(t, ns, "m0")
+	m0.settledOn(t, "m0")
+	m1 := startMember(t, ns, "m1")
+	v := m0.settledOn(t, "m0", "m1")
+	_, t0 := ownedTenant(t, v, "m0")
+	_, t1 := ownedTenant(t, v, "m1")
+	bus := newBus(t, ns)
+	ids := map[string]string{t0: uuid.NewString(), t1: uuid.NewString()}
+	for tenant, id := range ids {
+		mustOK(t, bus.wait(bus.send(tenant, node(id))))
+	}
+	read := func(r *client.Reader, tenant string, within time.Duration) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		resp, err := r.Get(ctx, "/v1/tenants/"+tenant+"/nodes/"+ids[tenant])
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, err
+	}
+
+	front := startFreezeProxy(t)
+	target := strings.TrimPrefix(m0.base, "http://")
+	front.target.Store(&target)
+	r := &client.Reader{Base: front.URL(), RefreshEvery: time.Hour}
+	for tenant := range ids {
+		if code, err := read(r, tenant, 10*time.Second); code != http.StatusOK {
+			t.Fatalf("read of %s through the reader: %d %v", tenant, code, err)
+		}
+	}
+	front.Freeze()
+	for tenant := range ids {
+		if code, err := read(r, tenant, 5*time.Second); code != http.StatusOK {
+			t.Fatalf("with Base frozen, the read of %s at its owner: %d %v", tenant, code, err)
+		}
+	}
+
+	r2 := &client.Reader{Base: m0.base, RefreshEvery: time.Hour}
+	if code, err := read(r2, t1, 10*time.Second); code != http.StatusOK {
+		t.Fatalf("read of %s at m1: %d %v", t1, code, err)
+	}
+	m1.cancel() // m1 leaves; its slot moves to m0
+	select {
+	case err := <-m1.done:
+		m1.done <- err // for the cleanup
+	case <-time.After(60 * time.Second):
+		t.Fatal("m1 did not stop")
+	}
+	if code, err := read(r2, t1, 30*time.Second); code != http.StatusOK {
+		t.Fatalf("after m1 left, the read of %s through the reader: %d %v", t1, code, err)
+	}
 }

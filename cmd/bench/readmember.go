@@ -48,17 +48,20 @@ import (
 // node (four edges on each node's list). Then --read-concurrency
 // goroutines read for --read-duration per target, each read a uniformly
 // random node: GET /v1/tenants/<t>/nodes/<id> and GET .../nodes/<id>/edges,
-// alternately, on keep-alive connections. The three targets are A's HTTP
+// alternately, on keep-alive connections. The four targets are A's HTTP
 // address, one member's ("any": about (slots-owned)/slots of its reads are
-// forwarded to the owner's member over HTTP) and, per read, the member
-// that owns the tenant's slot ("owner": every read local). The duration is
-// cut into slices run in turn (A, any, owner; any, owner, A; ...), so a disturbance of
-// the machine falls on all three alike. Reads never touch NATS: A's R1
+// forwarded to the owner's member over HTTP), per read the member that
+// owns the tenant's slot ("owner": every read local), and client.Reader
+// given the "any" member as its Base ("reader": it routes each read to
+// its owner by /v1/partitions, as an upstream service would). The
+// duration is cut into slices run in turn (A, any, owner, reader; any,
+// owner, reader, A; ...), so a disturbance of the machine falls on all
+// four alike. Reads never touch NATS: A's R1
 // server and B's cluster differ only in what the writes (the load) cost.
 //
 // Reported: reads/s, p50, p90, p99, max of each target; of "any", the
-// same split into its local and forwarded reads; the ratios any/A and
-// owner/A (reads/s and p99); and the NATS client connections of every
+// same split into its local and forwarded reads; the ratios any/A,
+// owner/A and reader/A (reads/s and p99); and the NATS client connections of every
 // member (and of A), after the load and again after the reads.
 
 // ReadMemberReport is the read_member phase.
@@ -87,17 +90,23 @@ type ReadMemberReport struct {
 	Static *readStats `json:"static"`
 	Any    *readStats `json:"any"`
 	Owner  *readStats `json:"owner"`
+	// Reader: reads through client.Reader given the "any" member as its
+	// Base (it routes each read to its owner by /v1/partitions).
+	Reader *readStats `json:"reader"`
 
-	AnyVsStatic      float64 `json:"any_vs_static"`
-	AnyP99VsStatic   float64 `json:"any_p99_vs_static"`
-	OwnerVsStatic    float64 `json:"owner_vs_static"`
-	OwnerP99VsStatic float64 `json:"owner_p99_vs_static"`
+	AnyVsStatic       float64 `json:"any_vs_static"`
+	AnyP99VsStatic    float64 `json:"any_p99_vs_static"`
+	OwnerVsStatic     float64 `json:"owner_vs_static"`
+	OwnerP99VsStatic  float64 `json:"owner_p99_vs_static"`
+	ReaderVsStatic    float64 `json:"reader_vs_static"`
+	ReaderP99VsStatic float64 `json:"reader_p99_vs_static"`
 	// SliceAnyVsStatic and SliceOwnerVsStatic: the reads/s ratios of each
 	// slice (one slice of every target, run back to back), and their
 	// medians: less moved by a burst of other work on the machine than the
 	// ratios of the totals.
 	SliceAnyVsStatic         []float64 `json:"slice_any_vs_static"`
 	SliceOwnerVsStatic       []float64 `json:"slice_owner_vs_static"`
+	SliceReaderVsStatic      []float64 `json:"slice_reader_vs_static"`
 	MedianSliceAnyVsStatic   float64   `json:"median_slice_any_vs_static"`
 	MedianSliceOwnerVsStatic float64   `json:"median_slice_owner_vs_static"`
 
@@ -434,6 +443,8 @@ type rmTarget struct {
 	// base returns the URL base a read of tenant t goes to, and whether
 	// that member answers it itself (always true but for "any").
 	base func(t *rmTenant) (string, bool)
+	// get, when set, makes the read instead (client.Reader).
+	get func(ctx context.Context, path string) (*http.Response, error)
 }
 
 // readSample is one read: its latency, whether it was a local read, its
@@ -476,12 +487,19 @@ func readFor(ctx context.Context, hc *http.Client, data *rmData, tgt rmTarget, c
 				id := t.nodes[rng.IntN(len(t.nodes))]
 				base, isLocal := tgt.base(t)
 				edges := k%2 == 1
-				url := base + "/v1/tenants/" + t.name + "/nodes/" + id.String()
+				path := "/v1/tenants/" + t.name + "/nodes/" + id.String()
 				if edges {
-					url += "/edges"
+					path += "/edges"
 				}
+				url := base + path
 				s := time.Now()
-				resp, err := hc.Get(url)
+				var resp *http.Response
+				var err error
+				if tgt.get != nil {
+					resp, err = tgt.get(ctx, path)
+				} else {
+					resp, err = hc.Get(url)
+				}
 				ok := err == nil && resp.StatusCode == http.StatusOK
 				var body []byte
 				if err == nil {
@@ -752,10 +770,12 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 
 	anyID := ids[1%members]
 	rep.AnyMember, rep.AnyOwns = anyID, rep.Connections[1%members].Owns
+	reader := &client.Reader{Base: url[anyID], HTTP: hc}
 	targets := []rmTarget{
-		{"static", func(*rmTenant) (string, bool) { return baseA, true }},
-		{"any", func(t *rmTenant) (string, bool) { return url[anyID], owner[t.slot] == anyID }},
-		{"owner", func(t *rmTenant) (string, bool) { return url[owner[t.slot]], true }},
+		{"static", func(*rmTenant) (string, bool) { return baseA, true }, nil},
+		{"any", func(t *rmTenant) (string, bool) { return url[anyID], owner[t.slot] == anyID }, nil},
+		{"owner", func(t *rmTenant) (string, bool) { return url[owner[t.slot]], true }, nil},
+		{"reader", func(*rmTenant) (string, bool) { return url[anyID], true }, reader.Get},
 	}
 	// Warm-up (not measured): connections, caches.
 	warm := time.Second
@@ -772,7 +792,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	slice := o.readDuration / time.Duration(slices_)
 	for k := range slices_ {
-		var rate [3]float64
+		var rate [4]float64
 		for j := range targets { // each slice starts at another target
 			i := (k + j) % len(targets)
 			rate[i] = readFor(ctx, hc, data, targets[i], o.readConcurrency, slice, accs[i])
@@ -780,6 +800,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		if rate[0] > 0 {
 			rep.SliceAnyVsStatic = append(rep.SliceAnyVsStatic, round3(rate[1]/rate[0]))
 			rep.SliceOwnerVsStatic = append(rep.SliceOwnerVsStatic, round3(rate[2]/rate[0]))
+			rep.SliceReaderVsStatic = append(rep.SliceReaderVsStatic, round3(rate[3]/rate[0]))
 		}
 	}
 	median := func(xs []float64) float64 {
@@ -798,6 +819,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		return rep, ctx.Err()
 	}
 	rep.Static, rep.Any, rep.Owner = accs[0].stats("static", false), accs[1].stats("any", true), accs[2].stats("owner", false)
+	rep.Reader = accs[3].stats("reader", false)
 	if o.profileDir != "" {
 		// Outside the figures: CPU profiles of reads through each target
 		// alone (go tool pprof -top read_member_any.cpu.pprof).
@@ -826,7 +848,8 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	rep.AnyVsStatic, rep.AnyP99VsStatic = ratio(rep.Any.PerSec, rep.Static.PerSec), ratio(rep.Any.P99ms, rep.Static.P99ms)
 	rep.OwnerVsStatic, rep.OwnerP99VsStatic = ratio(rep.Owner.PerSec, rep.Static.PerSec), ratio(rep.Owner.P99ms, rep.Static.P99ms)
-	for _, r := range []*readStats{rep.Static, rep.Any, rep.Owner} {
+	rep.ReaderVsStatic, rep.ReaderP99VsStatic = ratio(rep.Reader.PerSec, rep.Static.PerSec), ratio(rep.Reader.P99ms, rep.Static.P99ms)
+	for _, r := range []*readStats{rep.Static, rep.Any, rep.Owner, rep.Reader} {
 		pg.printf("read_member: %-6s %d reads in %.1fs: %.0f/s, p50 %.2f ms, p99 %.2f ms, %d errors (cpu %.2f cores, %.0f us a read; others %.2f)",
 			r.Target, r.Reads, r.Seconds, r.PerSec, r.P50ms, r.P99ms, r.Errors, r.CPU.Process, r.CPUMicrosPerRead, r.CPU.Others)
 		if r.FirstError != "" {
@@ -839,10 +862,10 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	pg.printf("read_member: slice by slice, any/static %v (median %.3f), owner/static %v (median %.3f)",
 		rep.SliceAnyVsStatic, rep.MedianSliceAnyVsStatic, rep.SliceOwnerVsStatic, rep.MedianSliceOwnerVsStatic)
-	pg.printf("read_member: any/static %.3f (p99 x%.2f), owner/static %.3f (p99 x%.2f); NATS connections per member %s, max %d; the static replica %d",
-		rep.AnyVsStatic, rep.AnyP99VsStatic, rep.OwnerVsStatic, rep.OwnerP99VsStatic, connsLine(rep.Connections), rep.MaxConnsPerMember, rep.StaticConns)
-	if rep.Static.Errors+rep.Any.Errors+rep.Owner.Errors > 0 {
-		return rep, fmt.Errorf("failed reads: static %d, any %d, owner %d", rep.Static.Errors, rep.Any.Errors, rep.Owner.Errors)
+	pg.printf("read_member: any/static %.3f (p99 x%.2f), owner/static %.3f (p99 x%.2f), reader/static %.3f (p99 x%.2f); NATS connections per member %s, max %d; the static replica %d",
+		rep.AnyVsStatic, rep.AnyP99VsStatic, rep.OwnerVsStatic, rep.OwnerP99VsStatic, rep.ReaderVsStatic, rep.ReaderP99VsStatic, connsLine(rep.Connections), rep.MaxConnsPerMember, rep.StaticConns)
+	if rep.Static.Errors+rep.Any.Errors+rep.Owner.Errors+rep.Reader.Errors > 0 {
+		return rep, fmt.Errorf("failed reads: static %d, any %d, owner %d, reader %d", rep.Static.Errors, rep.Any.Errors, rep.Owner.Errors, rep.Reader.Errors)
 	}
 	return rep, nil
 }
@@ -881,9 +904,12 @@ func printReadMember(w io.Writer, r *ReadMemberReport) {
 		fmt.Fprintf(tw, "  of which forwarded (%.0f%%)\t\t%.2f\t\t%.2f\t\t%d\t\t\t\t\n", 100*f.Share, f.P50ms, f.P99ms, f.Reads)
 	}
 	row("B: the tenant's owner", r.Owner, r.OwnerVsStatic, r.OwnerP99VsStatic)
+	if r.Reader != nil {
+		row("B: client.Reader, Base "+r.AnyMember, r.Reader, r.ReaderVsStatic, r.ReaderP99VsStatic)
+	}
 	tw.Flush()
-	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f)\n",
-		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic)
+	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f), reader/static %v\n",
+		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic, r.SliceReaderVsStatic)
 	fmt.Fprintf(w, "NATS client connections per member (owner of / standby of): ")
 	for i, c := range r.Connections {
 		if i > 0 {

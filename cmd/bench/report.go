@@ -262,6 +262,9 @@ func (r *Report) finish(total time.Duration) {
 	if m := r.ReadMember; m != nil && m.Static != nil {
 		add("read_member.any_vs_static", &m.AnyVsStatic, false, 0.9, fmt.Sprintf("issue 30: reads/s through member %s of %d against a static replica", m.AnyMember, m.Members))
 		add("read_member.owner_vs_static", &m.OwnerVsStatic, false, 0.9, "issue 30: reads/s at each tenant's owner against a static replica")
+		if m.Reader != nil {
+			add("read_member.reader_vs_static", &m.ReaderVsStatic, false, 0.9, fmt.Sprintf("issue 30: reads/s through client.Reader given member %s, against a static replica", m.AnyMember))
+		}
 		c := float64(m.MaxConnsPerMember)
 		add("read_member.nats_connections_per_member", &c, true, 2, fmt.Sprintf("issue 30: %d slots", m.Slots))
 	}

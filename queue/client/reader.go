@@ -1,0 +1,231 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Reader sends read-API requests to a group of members
+// (--partition-owner dynamic/N), each to the member that owns its tenant's
+// slot as the group's /v1/partitions last said, so a read costs what it
+// costs at its owner: no hop between members (issue 30 item 8: a read
+// forwarded by another member costs about twice as much). A read whose
+// owner cannot be reached, answers 503 (moving, past its lease) or has not
+// begun to answer within HedgeAfter (frozen) is sent to Base instead,
+// which routes it itself (to a standby, while no owner answers), and the
+// routes are read again. Against a static replica (no assignments in
+// /v1/partitions) every read goes to Base.
+//
+// A Reader is safe for concurrent use; the zero value is not: set Base.
+type Reader struct {
+	// Base is any member (a Kubernetes Service): /v1/partitions is read
+	// there, and a read goes there when its owner is not known or fails.
+	Base string
+	// HTTP is the client (nil: http.DefaultClient).
+	HTTP *http.Client
+	// Token, when set, is sent as "Authorization: Bearer <Token>".
+	Token string
+	// RefreshEvery is how old the routes may get (0: 5 s).
+	RefreshEvery time.Duration
+	// HedgeAfter: a read (without wait) whose owner has not begun to
+	// answer this long is sent to Base instead (0: 500 ms), where a member
+	// asks a standby.
+	HedgeAfter time.Duration
+
+	mu      sync.Mutex
+	routes  *routes
+	fetched time.Time
+	// refreshing: one read of /v1/partitions at a time.
+	refreshing bool
+}
+
+// routes is the group as /v1/partitions said it.
+type routes struct {
+	partitions, slots int
+	owner             []string // per slot, its owner's URL ("" unknown)
+}
+
+// Get reads path (for example /v1/tenants/acme/nodes/<id>?tx=...) at its
+// tenant's owner, else at Base: when the owner cannot be reached, answers
+// 503, or (a read without wait) has not begun to answer within
+// HedgeAfter, the read is sent to Base, which routes it itself (to a
+// standby while no owner answers). The caller closes the body.
+func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
+	if r.Base == "" {
+		return nil, errors.New("client: Reader.Base is not set")
+	}
+	tenant, ok := tenantOf(path)
+	if !ok {
+		return r.get(ctx, r.Base, path)
+	}
+	owner := r.ownerOf(ctx, tenant)
+	if owner == "" {
+		return r.get(ctx, r.Base, path)
+	}
+	octx, ocancel := context.WithCancel(ctx)
+	var slow *time.Timer
+	if !waits(path) { // a read with wait may wait at its owner
+		slow = time.AfterFunc(cmpDuration(r.HedgeAfter, 500*time.Millisecond), ocancel)
+	}
+	resp, err := r.get(octx, owner, path)
+	if slow != nil && !slow.Stop() && err == nil {
+		resp.Body.Close() // the owner began too late: its context is gone
+		err = errors.New("client: the owner was slow")
+	}
+	if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+		// Moving, or past its lease: Base routes it.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		err = errors.New("client: the owner answered 503")
+	}
+	if err == nil {
+		resp.Body = cancelOnClose{resp.Body, ocancel}
+		return resp, nil
+	}
+	ocancel()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	r.stale() // the slot moved, or its owner is gone or frozen
+	return r.get(ctx, r.Base, path)
+}
+
+// waits reports whether a read-API path asks to wait (its wait parameter).
+func waits(path string) bool {
+	_, q, ok := strings.Cut(path, "?")
+	if !ok || !strings.Contains(q, "wait") {
+		return false
+	}
+	v, err := url.ParseQuery(q)
+	return err != nil || v.Has("wait")
+}
+
+// cancelOnClose ends a winning read's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+func (r *Reader) get(ctx context.Context, base, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if r.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.Token)
+	}
+	c := r.HTTP
+	if c == nil {
+		c = http.DefaultClient
+	}
+	return c.Do(req)
+}
+
+// tenantOf is the tenant of a read-API path, /v1/tenants/<t>/...
+func tenantOf(path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, "/v1/tenants/")
+	if !ok {
+		return "", false
+	}
+	t, _, ok := strings.Cut(rest, "/")
+	if !ok || t == "" {
+		return "", false
+	}
+	t, err := url.PathUnescape(t)
+	return t, err == nil
+}
+
+// ownerOf is the URL of tenant's slot's owner ("" unknown), reading the
+// routes again when they are older than RefreshEvery.
+func (r *Reader) ownerOf(ctx context.Context, tenant string) string {
+	r.mu.Lock()
+	rt, age := r.routes, time.Since(r.fetched)
+	refresh := (rt == nil || age > cmpDuration(r.RefreshEvery, 5*time.Second)) && !r.refreshing
+	if refresh {
+		r.refreshing = true
+	}
+	r.mu.Unlock()
+	if refresh {
+		fresh, err := r.fetch(ctx)
+		r.mu.Lock()
+		r.refreshing = false
+		if err == nil {
+			r.routes, rt = fresh, fresh
+		}
+		r.fetched = time.Now() // a failed read is not retried at once either
+		r.mu.Unlock()
+	}
+	if rt == nil || rt.slots == 0 || rt.partitions == 0 {
+		return ""
+	}
+	return rt.owner[Partition(tenant, rt.partitions)%rt.slots]
+}
+
+// stale makes the next read fetch the routes again.
+func (r *Reader) stale() {
+	r.mu.Lock()
+	r.fetched = time.Time{}
+	r.mu.Unlock()
+}
+
+// fetch reads the routes from Base's /v1/partitions.
+func (r *Reader) fetch(ctx context.Context) (*routes, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := r.get(ctx, r.Base, "/v1/partitions")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("client: %s/v1/partitions: %s", r.Base, resp.Status)
+	}
+	var v struct {
+		Partitions int `json:"partitions"`
+		Slots      int `json:"slots"`
+		Members    []struct {
+			ID  string `json:"id"`
+			URL string `json:"url"`
+		} `json:"members"`
+		Assignments []struct {
+			Slot  int    `json:"slot"`
+			Owner string `json:"owner"`
+			Ready bool   `json:"owner_ready"`
+		} `json:"assignments"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&v); err != nil {
+		return nil, fmt.Errorf("client: %s/v1/partitions: %w", r.Base, err)
+	}
+	rt := &routes{partitions: v.Partitions, slots: v.Slots, owner: make([]string, max(v.Slots, 0))}
+	urls := map[string]string{}
+	for _, m := range v.Members {
+		urls[m.ID] = m.URL
+	}
+	for _, a := range v.Assignments {
+		if a.Slot >= 0 && a.Slot < len(rt.owner) && a.Ready {
+			rt.owner[a.Slot] = urls[a.Owner]
+		}
+	}
+	return rt, nil
+}
+
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
