@@ -246,7 +246,9 @@ func (m *memberRun) logEndSince(ctx context.Context, s int, cl *partition.Change
 		e.inflight = ch
 		e.mu.Unlock()
 		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		// Shared by every read waiting: not ended by the one that asked
+		// first going away (a hedge the owner won, a client gone).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		seq, err := cl.End(rctx)
 		cancel()
 		e.mu.Lock()

@@ -173,9 +173,10 @@ func (a *App) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err
 // newest first (none before the page is up).
 func (a *App) recentlyFinished() []ui.FinishedJournal {
 	p := a.uiH.Load()
-	if p == nil {
+	if p == nil || !a.inflight.enter() { // looking a finish up reads the store: not once it closes
 		return nil
 	}
+	defer a.inflight.leave()
 	if page, ok := (*p).(*uiPage); ok {
 		page.sampler.history.observe(a, time.Now()) // what finished since the sampler's last tick, too
 		return page.sampler.history.list()

@@ -104,11 +104,12 @@ type ReadMemberReport struct {
 	// slice (one slice of every target, run back to back), and their
 	// medians: less moved by a burst of other work on the machine than the
 	// ratios of the totals.
-	SliceAnyVsStatic         []float64 `json:"slice_any_vs_static"`
-	SliceOwnerVsStatic       []float64 `json:"slice_owner_vs_static"`
-	SliceReaderVsStatic      []float64 `json:"slice_reader_vs_static"`
-	MedianSliceAnyVsStatic   float64   `json:"median_slice_any_vs_static"`
-	MedianSliceOwnerVsStatic float64   `json:"median_slice_owner_vs_static"`
+	SliceAnyVsStatic          []float64 `json:"slice_any_vs_static"`
+	SliceOwnerVsStatic        []float64 `json:"slice_owner_vs_static"`
+	SliceReaderVsStatic       []float64 `json:"slice_reader_vs_static"`
+	MedianSliceAnyVsStatic    float64   `json:"median_slice_any_vs_static"`
+	MedianSliceOwnerVsStatic  float64   `json:"median_slice_owner_vs_static"`
+	MedianSliceReaderVsStatic float64   `json:"median_slice_reader_vs_static"`
 
 	Connections       []memberConns `json:"connections"`
 	MaxConnsPerMember int           `json:"max_nats_connections_per_member"`
@@ -606,9 +607,10 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		perPartition, nodesPerTenant = 4, 40
 	}
 	data := makeReadData(partitions, slots, perPartition, nodesPerTenant)
-	slices_ := 10
+	// A multiple of the four targets: each starts as many slices.
+	slices_ := 12
 	if o.quick {
-		slices_ = 3
+		slices_ = 4
 	}
 	rep := &ReadMemberReport{Members: members, Slots: slots, Partitions: partitions, Standbys: standbys,
 		Tenants: len(data.tenants), Nodes: data.nodes(), Edges: data.edges, Concurrency: o.readConcurrency,
@@ -792,7 +794,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	slice := o.readDuration / time.Duration(slices_)
 	for k := range slices_ {
-		var rate [4]float64
+		rate := make([]float64, len(targets))
 		for j := range targets { // each slice starts at another target
 			i := (k + j) % len(targets)
 			rate[i] = readFor(ctx, hc, data, targets[i], o.readConcurrency, slice, accs[i])
@@ -815,6 +817,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		return round3((ys[len(ys)/2-1] + ys[len(ys)/2]) / 2)
 	}
 	rep.MedianSliceAnyVsStatic, rep.MedianSliceOwnerVsStatic = median(rep.SliceAnyVsStatic), median(rep.SliceOwnerVsStatic)
+	rep.MedianSliceReaderVsStatic = median(rep.SliceReaderVsStatic)
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
 	}
@@ -860,8 +863,8 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 		pg.printf("read_member: through %s (owns slots %v): local %.0f%% p50 %.2f p99 %.2f ms; forwarded %.0f%% p50 %.2f p99 %.2f ms",
 			anyID, rep.AnyOwns, 100*l.Share, l.P50ms, l.P99ms, 100*f.Share, f.P50ms, f.P99ms)
 	}
-	pg.printf("read_member: slice by slice, any/static %v (median %.3f), owner/static %v (median %.3f)",
-		rep.SliceAnyVsStatic, rep.MedianSliceAnyVsStatic, rep.SliceOwnerVsStatic, rep.MedianSliceOwnerVsStatic)
+	pg.printf("read_member: slice by slice, any/static %v (median %.3f), owner/static %v (median %.3f), reader/static %v (median %.3f)",
+		rep.SliceAnyVsStatic, rep.MedianSliceAnyVsStatic, rep.SliceOwnerVsStatic, rep.MedianSliceOwnerVsStatic, rep.SliceReaderVsStatic, rep.MedianSliceReaderVsStatic)
 	pg.printf("read_member: any/static %.3f (p99 x%.2f), owner/static %.3f (p99 x%.2f), reader/static %.3f (p99 x%.2f); NATS connections per member %s, max %d; the static replica %d",
 		rep.AnyVsStatic, rep.AnyP99VsStatic, rep.OwnerVsStatic, rep.OwnerP99VsStatic, rep.ReaderVsStatic, rep.ReaderP99VsStatic, connsLine(rep.Connections), rep.MaxConnsPerMember, rep.StaticConns)
 	if rep.Static.Errors+rep.Any.Errors+rep.Owner.Errors+rep.Reader.Errors > 0 {
@@ -908,8 +911,8 @@ func printReadMember(w io.Writer, r *ReadMemberReport) {
 		row("B: client.Reader, Base "+r.AnyMember, r.Reader, r.ReaderVsStatic, r.ReaderP99VsStatic)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f), reader/static %v\n",
-		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic, r.SliceReaderVsStatic)
+	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f), reader/static %v (median %.3f)\n",
+		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic, r.SliceReaderVsStatic, r.MedianSliceReaderVsStatic)
 	fmt.Fprintf(w, "NATS client connections per member (owner of / standby of): ")
 	for i, c := range r.Connections {
 		if i > 0 {

@@ -45,6 +45,14 @@ type Reader struct {
 	fetched time.Time
 	// refreshing: one read of /v1/partitions at a time.
 	refreshing bool
+	// dirty: a read failed at its owner; the routes are read again a
+	// second after the last read of them (not at once, and not by every
+	// read behind it).
+	dirty bool
+	// avoid: owners that failed a read, until when their reads go to Base
+	// straight away (a frozen owner stays in /v1/partitions until its
+	// record expires).
+	avoid map[string]time.Time
 }
 
 // routes is the group as /v1/partitions said it.
@@ -72,7 +80,10 @@ func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
 	}
 	octx, ocancel := context.WithCancel(ctx)
 	var slow *time.Timer
-	if !waits(path) { // a read with wait may wait at its owner
+	if standbyMayAnswer(path) && !waits(path) {
+		// An entity read: its owner answers at once, and while it does
+		// not, a member's standby can. (A read with wait may wait at its
+		// owner; a receipt or an erasure only the owner answers.)
 		slow = time.AfterFunc(cmpDuration(r.HedgeAfter, 500*time.Millisecond), ocancel)
 	}
 	resp, err := r.get(octx, owner, path)
@@ -94,8 +105,17 @@ func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	r.stale() // the slot moved, or its owner is gone or frozen
+	r.failed(owner) // the slot moved, or its owner is gone or frozen
 	return r.get(ctx, r.Base, path)
+}
+
+// standbyMayAnswer: a read of an entity (a node or an edge, its edges, its
+// history), which a member answers from a standby's copy while no owner
+// does.
+func standbyMayAnswer(path string) bool {
+	rest, _ := strings.CutPrefix(path, "/v1/tenants/")
+	_, rest, _ = strings.Cut(rest, "/")
+	return strings.HasPrefix(rest, "nodes/") || strings.HasPrefix(rest, "edges/")
 }
 
 // waits reports whether a read-API path asks to wait (its wait parameter).
@@ -149,18 +169,20 @@ func tenantOf(path string) (string, bool) {
 	return t, err == nil
 }
 
-// ownerOf is the URL of tenant's slot's owner ("" unknown), reading the
-// routes again when they are older than RefreshEvery.
+// ownerOf is the URL of tenant's slot's owner ("" unknown, or avoided),
+// reading the routes again when they are older than RefreshEvery, or a
+// second old after a read failed at its owner.
 func (r *Reader) ownerOf(ctx context.Context, tenant string) string {
 	r.mu.Lock()
 	rt, age := r.routes, time.Since(r.fetched)
-	refresh := (rt == nil || age > cmpDuration(r.RefreshEvery, 5*time.Second)) && !r.refreshing
+	refresh := (rt == nil || age > cmpDuration(r.RefreshEvery, 5*time.Second) || (r.dirty && age > time.Second)) && !r.refreshing
 	if refresh {
-		r.refreshing = true
+		r.refreshing, r.dirty = true, false
 	}
 	r.mu.Unlock()
 	if refresh {
-		fresh, err := r.fetch(ctx)
+		// Not ended by this read's context: the routes serve every read.
+		fresh, err := r.fetch(context.WithoutCancel(ctx))
 		r.mu.Lock()
 		r.refreshing = false
 		if err == nil {
@@ -169,17 +191,36 @@ func (r *Reader) ownerOf(ctx context.Context, tenant string) string {
 		r.fetched = time.Now() // a failed read is not retried at once either
 		r.mu.Unlock()
 	}
-	if rt == nil || rt.slots == 0 || rt.partitions == 0 {
+	if rt == nil || rt.partitions <= 0 || rt.slots <= 0 || len(rt.owner) != rt.slots {
 		return ""
 	}
-	return rt.owner[Partition(tenant, rt.partitions)%rt.slots]
+	owner := rt.owner[Partition(tenant, rt.partitions)%rt.slots]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if until, ok := r.avoid[owner]; ok {
+		if time.Now().Before(until) {
+			return ""
+		}
+		delete(r.avoid, owner)
+	}
+	return owner
 }
 
-// stale makes the next read fetch the routes again.
-func (r *Reader) stale() {
+// avoidFor is how long the reads of an owner that failed one go to Base
+// straight away (about a member's TTL: by then the slot has moved, or the
+// owner answers again).
+const avoidFor = 5 * time.Second
+
+// failed notes a read that failed at owner: its reads go to Base for
+// avoidFor, and the routes are read again soon.
+func (r *Reader) failed(owner string) {
 	r.mu.Lock()
-	r.fetched = time.Time{}
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if r.avoid == nil {
+		r.avoid = map[string]time.Time{}
+	}
+	r.avoid[owner] = time.Now().Add(avoidFor)
+	r.dirty = true
 }
 
 // fetch reads the routes from Base's /v1/partitions.
