@@ -220,7 +220,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 func (m *memberRun) run(ctx context.Context) (err error) {
 	m.started = time.Now()
 	m.proms = metrics.NewMemberMetrics(Build, metrics.MemberState{
-		Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
+		Slots: m.n, Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
 		Moves: m.moves.Load, Fenced: m.fenced.Load,
 	}, deniedReasons)
 	// One access control for the member and its slots: the tokens file is

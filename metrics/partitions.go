@@ -32,6 +32,9 @@ type PartitionSample struct {
 
 // MemberState is what the member collector reads.
 type MemberState struct {
+	// Slots is the group's slot count (N of dynamic/N): each slot's
+	// counters start at 0.
+	Slots int
 	Partitions func() []PartitionSample
 	Members    func() int
 	// Moves counts changes of owner this member has seen, Fenced the
@@ -76,6 +79,9 @@ func NewMemberMetrics(b Build, st MemberState, deniedReasons []string) *MemberMe
 	}
 	for _, a := range []string{SlowOwnerStandby, SlowOwnerOwner, SlowOwnerNone} {
 		m.slowOwner.WithLabelValues(a)
+	}
+	for slot := range st.Slots {
+		m.standbyReads.WithLabelValues(strconv.Itoa(slot))
 	}
 	r.MustRegister(bi, &memberCollector{st: st}, m.apiDenied, m.standbyReads, m.slowOwner,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
