@@ -1215,6 +1215,9 @@ func TestReaderReadsAtTheOwner(t *testing.T) {
 			t.Fatalf("with Base frozen, the read of %s at its owner: %d %v", tenant, code, err)
 		}
 	}
+	if st := r.Stats(); st.AtOwner != 4 || st.AtBase != 0 {
+		t.Fatalf("the reader's reads: %+v, want all 4 at their owners", st)
+	}
 
 	r2 := &client.Reader{Base: m0.base, RefreshEvery: time.Hour}
 	if code, err := read(r2, t1, 10*time.Second); code != http.StatusOK {
@@ -1229,5 +1232,8 @@ func TestReaderReadsAtTheOwner(t *testing.T) {
 	}
 	if code, err := read(r2, t1, 30*time.Second); code != http.StatusOK {
 		t.Fatalf("after m1 left, the read of %s through the reader: %d %v", t1, code, err)
+	}
+	if st := r2.Stats(); st.FellBack != 1 {
+		t.Fatalf("the reader's reads: %+v, want the one after m1 left fallen back to Base", st)
 	}
 }

@@ -93,6 +93,11 @@ type ReadMemberReport struct {
 	// Reader: reads through client.Reader given the "any" member as its
 	// Base (it routes each read to its owner by /v1/partitions).
 	Reader *readStats `json:"reader"`
+	// ReaderAtOwner, ReaderAtBase, ReaderFellBack: where the reader's
+	// reads went (client.ReaderStats, warm-up included).
+	ReaderAtOwner  uint64 `json:"reader_at_owner"`
+	ReaderAtBase   uint64 `json:"reader_at_base"`
+	ReaderFellBack uint64 `json:"reader_fell_back"`
 
 	AnyVsStatic       float64 `json:"any_vs_static"`
 	AnyP99VsStatic    float64 `json:"any_p99_vs_static"`
@@ -823,6 +828,8 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	rep.Static, rep.Any, rep.Owner = accs[0].stats("static", false), accs[1].stats("any", true), accs[2].stats("owner", false)
 	rep.Reader = accs[3].stats("reader", false)
+	rs := reader.Stats()
+	rep.ReaderAtOwner, rep.ReaderAtBase, rep.ReaderFellBack = rs.AtOwner, rs.AtBase, rs.FellBack
 	if o.profileDir != "" {
 		// Outside the figures: CPU profiles of reads through each target
 		// alone (go tool pprof -top read_member_any.cpu.pprof).
@@ -911,6 +918,9 @@ func printReadMember(w io.Writer, r *ReadMemberReport) {
 		row("B: client.Reader, Base "+r.AnyMember, r.Reader, r.ReaderVsStatic, r.ReaderP99VsStatic)
 	}
 	tw.Flush()
+	if r.Reader != nil {
+		fmt.Fprintf(w, "client.Reader's reads (warm-up included): %d at their owners, %d at Base, of which %d fell back\n", r.ReaderAtOwner, r.ReaderAtBase, r.ReaderFellBack)
+	}
 	fmt.Fprintf(w, "reads/s ratios slice by slice: any/static %v (median %.3f), owner/static %v (median %.3f), reader/static %v (median %.3f)\n",
 		r.SliceAnyVsStatic, r.MedianSliceAnyVsStatic, r.SliceOwnerVsStatic, r.MedianSliceOwnerVsStatic, r.SliceReaderVsStatic, r.MedianSliceReaderVsStatic)
 	fmt.Fprintf(w, "NATS client connections per member (owner of / standby of): ")

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,22 @@ type Reader struct {
 	// straight away (a frozen owner stays in /v1/partitions until its
 	// record expires).
 	avoid map[string]time.Time
+
+	atOwner, atBase, fellBack atomic.Uint64
+}
+
+// ReaderStats counts where a Reader's reads went.
+type ReaderStats struct {
+	// AtOwner: answered by the tenant's owner. AtBase: sent to Base (its
+	// owner not known, avoided, or no tenant in the path). FellBack: sent
+	// to Base after the owner failed, answered 503 or was slow (counted
+	// in AtBase too).
+	AtOwner, AtBase, FellBack uint64
+}
+
+// Stats says where the reads went so far.
+func (r *Reader) Stats() ReaderStats {
+	return ReaderStats{AtOwner: r.atOwner.Load(), AtBase: r.atBase.Load(), FellBack: r.fellBack.Load()}
 }
 
 // routes is the group as /v1/partitions said it.
@@ -72,10 +89,12 @@ func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
 	}
 	tenant, ok := tenantOf(path)
 	if !ok {
+		r.atBase.Add(1)
 		return r.get(ctx, r.Base, path)
 	}
 	owner := r.ownerOf(ctx, tenant)
 	if owner == "" {
+		r.atBase.Add(1)
 		return r.get(ctx, r.Base, path)
 	}
 	octx, ocancel := context.WithCancel(ctx)
@@ -98,6 +117,7 @@ func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
 		err = errors.New("client: the owner answered 503")
 	}
 	if err == nil {
+		r.atOwner.Add(1)
 		resp.Body = cancelOnClose{resp.Body, ocancel}
 		return resp, nil
 	}
@@ -106,6 +126,8 @@ func (r *Reader) Get(ctx context.Context, path string) (*http.Response, error) {
 		return nil, ctx.Err()
 	}
 	r.failed(owner) // the slot moved, or its owner is gone or frozen
+	r.atBase.Add(1)
+	r.fellBack.Add(1)
 	return r.get(ctx, r.Base, path)
 }
 
