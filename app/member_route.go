@@ -176,9 +176,12 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		// No serving owner answered (a failover, a move): a standby copy
-		// answers at once, at its applied position.
-		if m.localOwner(s) == nil && m.standbyAnswer(w, r, s, arrived) {
-			return
+		// answers at once, at its applied position (a forwarded read only
+		// this member's: it is never forwarded again).
+		if m.localOwner(s) == nil {
+			if forwarded && m.standbyRead(w, r, s, arrived) || !forwarded && m.standbyAnswer(w, r, s, arrived) {
+				return
+			}
 		}
 		if time.Now().After(deadline) {
 			w.Header().Set("Retry-After", "1")

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -284,7 +286,25 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 			l.mu.Lock()
 			l.results = map[string][]client.Result{}
 			l.mu.Unlock()
-			err := c.Results(ctx, tenants, since, func(r client.Result) bool {
+			// A follow that sees nothing for 10 s while a request published
+			// has no result is started again: an ordered consumer whose
+			// server was lost can stall without ending.
+			fctx, fcancel := context.WithCancel(ctx)
+			var last atomic.Int64
+			last.Store(time.Now().UnixNano())
+			go func() {
+				for fctx.Err() == nil {
+					select {
+					case <-fctx.Done():
+					case <-time.After(time.Second):
+						if time.Since(time.Unix(0, last.Load())) > 10*time.Second && l.unanswered() {
+							fcancel()
+						}
+					}
+				}
+			}()
+			err := c.Results(fctx, tenants, since, func(r client.Result) bool {
+				last.Store(time.Now().UnixNano())
 				l.mu.Lock()
 				l.results[r.RequestID] = append(l.results[r.RequestID], r)
 				if _, ok := l.firstAt[r.RequestID]; !ok {
@@ -293,6 +313,10 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 				l.mu.Unlock()
 				return true
 			})
+			fcancel()
+			if err == nil || errors.Is(err, context.Canceled) && ctx.Err() == nil {
+				err = fmt.Errorf("follow idle for 10 s, started again: %w", err)
+			}
 			if ctx.Err() != nil {
 				return
 			}
@@ -307,6 +331,18 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 		}
 	}()
 	return l
+}
+
+// unanswered reports whether a request published has no result yet.
+func (l *dynLoad) unanswered() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for rid := range l.published {
+		if len(l.results[rid]) == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *dynLoad) publish(ctx context.Context, r *client.Request) {
