@@ -298,7 +298,11 @@ func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int
 					<-standby // buf is the standby's until it returns
 				}
 				answered := m.relay(w, res.resp, res.err, passAll)
-				m.proms.SlowOwner(map[bool]string{true: metrics.SlowOwnerOwner, false: metrics.SlowOwnerNone}[answered])
+				if answered {
+					m.proms.SlowOwner(metrics.SlowOwnerOwner)
+				} else {
+					m.proms.SlowOwner(metrics.SlowOwnerNone)
+				}
 				return answered
 			}
 			owner = nil // the owner failed: the standby's answer decides

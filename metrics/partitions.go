@@ -34,7 +34,7 @@ type PartitionSample struct {
 type MemberState struct {
 	// Slots is the group's slot count (N of dynamic/N): each slot's
 	// counters start at 0.
-	Slots int
+	Slots      int
 	Partitions func() []PartitionSample
 	Members    func() int
 	// Moves counts changes of owner this member has seen, Fenced the

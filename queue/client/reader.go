@@ -196,29 +196,25 @@ func tenantOf(path string) (string, bool) {
 // second old after a read failed at its owner.
 func (r *Reader) ownerOf(ctx context.Context, tenant string) string {
 	r.mu.Lock()
-	rt, age := r.routes, time.Since(r.fetched)
-	refresh := (rt == nil || age > cmpDuration(r.RefreshEvery, 5*time.Second) || (r.dirty && age > time.Second)) && !r.refreshing
-	if refresh {
+	defer r.mu.Unlock()
+	age := time.Since(r.fetched)
+	if (r.routes == nil || age > cmpDuration(r.RefreshEvery, 5*time.Second) || (r.dirty && age > time.Second)) && !r.refreshing {
 		r.refreshing, r.dirty = true, false
-	}
-	r.mu.Unlock()
-	if refresh {
+		r.mu.Unlock()
 		// Not ended by this read's context: the routes serve every read.
 		fresh, err := r.fetch(context.WithoutCancel(ctx))
 		r.mu.Lock()
 		r.refreshing = false
 		if err == nil {
-			r.routes, rt = fresh, fresh
+			r.routes = fresh
 		}
 		r.fetched = time.Now() // a failed read is not retried at once either
-		r.mu.Unlock()
 	}
+	rt := r.routes
 	if rt == nil || rt.partitions <= 0 || rt.slots <= 0 || len(rt.owner) != rt.slots {
 		return ""
 	}
 	owner := rt.owner[Partition(tenant, rt.partitions)%rt.slots]
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if until, ok := r.avoid[owner]; ok {
 		if time.Now().Before(until) {
 			return ""
