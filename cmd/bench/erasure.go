@@ -59,6 +59,14 @@ type ErasureReport struct {
 	BystanderP50ms   float64   `json:"bystander_p50_ms"`
 	BystanderP99ms   float64   `json:"bystander_p99_ms"`
 	BystanderMaxms   float64   `json:"bystander_max_ms"`
+	// The bystander's puts split by whether they were in flight while a
+	// scrub of the copies ran: what the scrub costs the other tenants,
+	// against what the machine costs them anyway.
+	BystanderInScrub       int     `json:"bystander_in_scrub"`
+	BystanderInScrubP99ms  float64 `json:"bystander_in_scrub_p99_ms"`
+	BystanderInScrubMaxms  float64 `json:"bystander_in_scrub_max_ms"`
+	BystanderOutScrubP99ms float64 `json:"bystander_out_scrub_p99_ms"`
+	BystanderOutScrubMaxms float64 `json:"bystander_out_scrub_max_ms"`
 }
 
 // ErasurePhase is one erase_changelog phase: a report per store size and
@@ -153,6 +161,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	var (
 		scrubMu sync.Mutex
 		scrubs  []app.ScrubStatus
+		windows [][2]time.Time // each scrub's start and end
 	)
 	ready := make(chan *app.App, 1)
 	wctx, cancel := context.WithCancel(context.Background())
@@ -164,6 +173,8 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 			CopyScrubbed: func(s app.ScrubStatus) {
 				scrubMu.Lock()
 				scrubs = append(scrubs, s)
+				now := time.Now()
+				windows = append(windows, [2]time.Time{now.Add(-s.Took), now})
 				scrubMu.Unlock()
 			}})
 	}()
@@ -341,21 +352,44 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	rep.ErasesPerSecond = round3(float64(len(es)) / last.Sub(start).Seconds())
 	rep.WriterHeldMaxMs, rep.WriterHeldMeanMs = round3(slices.Max(held)), round3(mean(held))
 	rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds = round3(mean(uploaded)), round3(mean(collected)), round3(mean(scrub))
-	var lat []float64
+	var lat, in, out []float64
+	scrubMu.Lock()
+	ws := slices.Clone(windows)
+	scrubMu.Unlock()
 	for _, b := range bys {
 		got, err := wait(b.rid, time.Minute)
 		if err != nil {
 			return nil, fmt.Errorf("bystander: %w", err)
 		}
-		lat = append(lat, float64(got.Sub(b.at))/1e6)
+		ms := float64(got.Sub(b.at)) / 1e6
+		lat = append(lat, ms)
+		during := false
+		for _, w := range ws {
+			if b.at.Before(w[1]) && got.After(w[0]) {
+				during = true
+			}
+		}
+		if during {
+			in = append(in, ms)
+		} else {
+			out = append(out, ms)
+		}
 	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return round3(lat[max(0, int(math.Ceil(p*float64(len(lat))))-1)]) }
-	rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms = len(lat), pct(0.5), pct(0.99), pct(1)
-	pg.printf("%s: %.0f MB: %d erases %s apart answered in %v s (max %.2f s, %.2f erases/s); scrub of the copies: writer held mean %.1f ms max %.1f ms, %.2f MB uploaded and %.2f MB of tables deleted per erase, %.2f s each; bystander puts (%d): p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+	pct := func(xs []float64, p float64) float64 {
+		if len(xs) == 0 {
+			return 0
+		}
+		slices.Sort(xs)
+		return round3(xs[max(0, int(math.Ceil(p*float64(len(xs))))-1)])
+	}
+	rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms = len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1)
+	rep.BystanderInScrub, rep.BystanderInScrubP99ms, rep.BystanderInScrubMaxms = len(in), pct(in, 0.99), pct(in, 1)
+	rep.BystanderOutScrubP99ms, rep.BystanderOutScrubMaxms = pct(out, 0.99), pct(out, 1)
+	pg.printf("%s: %.0f MB: %d erases %s apart answered in %v s (max %.2f s, %.2f erases/s); scrub of the copies: writer held mean %.1f ms max %.1f ms, %.2f MB uploaded and %.2f MB of tables deleted per erase, %.2f s each; bystander puts (%d): p50 %.1f ms, p99 %.1f ms, max %.1f ms; of them in flight during a scrub (%d): p99 %.1f ms, max %.1f ms; the others: p99 %.1f ms, max %.1f ms",
 		name, rep.StoreMB, rep.Erases, o.erasureInterval, rep.EraseSeconds, rep.EraseMaxSeconds, rep.ErasesPerSecond,
 		rep.WriterHeldMeanMs, rep.WriterHeldMaxMs, rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds,
-		rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms)
+		rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms,
+		rep.BystanderInScrub, rep.BystanderInScrubP99ms, rep.BystanderInScrubMaxms, rep.BystanderOutScrubP99ms, rep.BystanderOutScrubMaxms)
 	logs.mu.Lock()
 	if logs.warn+logs.errs > 0 {
 		pg.printf("%s: the worker logged %d warnings and %d errors; the first: %s", name, logs.warn, logs.errs, strings.Join(logs.first, " | "))
