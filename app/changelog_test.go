@@ -290,7 +290,8 @@ func TestChangelogRestoreFromCheckpointAfterPurge(t *testing.T) {
 
 func mustObs(t *testing.T, js jetstream.JetStream, bucket string) jetstream.ObjectStore {
 	t.Helper()
-	obs, err := js.ObjectStore(context.Background(), bucket)
+	// The bucket as the worker opens it: sealed tables read through it.
+	obs, err := partition.OpenCheckpoints(context.Background(), js, partition.CheckpointConfig{Bucket: bucket})
 	if err != nil {
 		t.Fatal(err)
 	}

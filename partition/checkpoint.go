@@ -31,8 +31,10 @@ type CheckpointConfig struct {
 	Replicas int
 }
 
-// OpenCheckpoints creates the checkpoint bucket if it does not exist (file
-// storage, no TTL: checkpoints are removed by Prune only) and returns it.
+// OpenCheckpoints creates the checkpoint bucket and the KV bucket of its
+// tables' data keys (KeysBucket) if they do not exist (file storage, no
+// TTL: checkpoints are removed by Prune only) and returns the bucket, a
+// *Bucket: tables uploaded through it are sealed (seal.go).
 func OpenCheckpoints(ctx context.Context, js jetstream.JetStream, cfg CheckpointConfig) (jetstream.ObjectStore, error) {
 	if cfg.Bucket == "" {
 		cfg.Bucket = "TELHA_CKPT"
@@ -49,7 +51,11 @@ func OpenCheckpoints(ctx context.Context, js jetstream.JetStream, cfg Checkpoint
 	if err != nil {
 		return nil, fmt.Errorf("partition: checkpoint bucket %s: %w", cfg.Bucket, err)
 	}
-	return obs, nil
+	keys, err := openKeys(ctx, js, cfg.Bucket, cfg.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Bucket{ObjectStore: obs, js: js, keys: keys}, nil
 }
 
 // CheckpointInfo describes one stored checkpoint.

@@ -91,5 +91,9 @@
 // whole (below its last sequence + 1, after a checkpoint at that sequence,
 // with no append in between: app/changelog.go ScrubCopies) and checkpoints
 // are deleted with DeleteCheckpoint (each chunk overwritten in place, then
-// the object deleted); Prune's caller passes it to PruneWith.
+// the object deleted); Prune's caller passes it to PruneWith. Tables
+// uploaded through the *Bucket OpenCheckpoints returns are sealed, each
+// with a data key of its own in the KV bucket KeysBucket: deleting one
+// destroys its key (a secure delete of one small message) and deletes its
+// chunks plainly (seal.go; the format is internal/sealed).
 package partition

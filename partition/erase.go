@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/sealed"
 )
 
 // Erasure and the copies in JetStream (issue 21 item 6). What nats-server
@@ -66,7 +67,16 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 	if err != nil {
 		return fmt.Errorf("partition: checkpoint %s: %w", name, err)
 	}
-	if info.NUID != "" {
+	if info.Metadata[sealed.Meta] != "" {
+		// Sealed: destroying its key erases it; its chunks go plainly.
+		kv, err := keysOf(ctx, js, obs, bucket)
+		if err != nil {
+			return fmt.Errorf("partition: checkpoint %s: %w", name, err)
+		}
+		if err := destroyKey(ctx, js, kv, bucket, name); err != nil {
+			return err
+		}
+	} else if info.NUID != "" {
 		stream := "OBJ_" + bucket
 		subject := fmt.Sprintf("$O.%s.C.%s", bucket, info.NUID)
 		s, err := js.Stream(ctx, stream)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/sealed"
 )
 
 // Tables as objects (checkpoint format 2, issue 29).
@@ -147,7 +148,20 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 		if err != nil {
 			return up, err
 		}
-		_, err = obs.Put(ctx, jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}, f)
+		meta := jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}
+		var r io.Reader = f
+		if b, ok := obs.(*Bucket); ok {
+			var key []byte
+			if key, err = b.newKey(ctx, obj); err == nil {
+				r, err = sealed.NewSealReader(f, key)
+			}
+			if err != nil {
+				f.Close()
+				return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
+			}
+			meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
+		}
+		_, err = obs.Put(ctx, meta, r)
 		f.Close()
 		if err != nil {
 			return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
@@ -259,12 +273,22 @@ func fetchTable(ctx context.Context, obs jetstream.ObjectStore, t tableEntry, pa
 		return err
 	}
 	defer res.Close()
+	var r io.Reader = res
+	info, err := res.Info()
+	if err != nil {
+		return err
+	}
+	if v := info.Metadata[sealed.Meta]; v != "" {
+		if r, err = openSealed(ctx, obs, t.Object, v, res); err != nil {
+			return err
+		}
+	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, h), res)
+	n, err := io.Copy(io.MultiWriter(f, h), r)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -328,6 +352,26 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 		}
 		n++
 		size += o.Size
+	}
+	if b, ok := obs.(*Bucket); ok {
+		// A key whose table is not in the bucket: an upload cut short after
+		// its key was stored (or a delete after its key's destruction).
+		live := map[string]bool{}
+		for _, o := range objs {
+			live[o.Name] = !o.Deleted
+		}
+		names, err := b.keys.ListKeys(ctx)
+		if err != nil {
+			return n, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
+		}
+		defer names.Stop()
+		for name := range names.Keys() {
+			if strings.HasPrefix(name, prefix+"sst/") && !live[name] {
+				if err := destroyKey(ctx, js, b.keys, bucket, name); err != nil {
+					return n, size, err
+				}
+			}
+		}
 	}
 	return n, size, nil
 }

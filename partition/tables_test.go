@@ -36,6 +36,23 @@ func fill(t testing.TB, db *pebble.DB, prefix string, n, size int) {
 	}
 }
 
+// eraseLocally is an erase as the store does it, of key victim: its value
+// rewritten, applied up to seq, the memtable flushed and the victim's
+// range compacted (only it).
+func eraseLocally(t testing.TB, db *pebble.DB, victim []byte, seq uint64) {
+	t.Helper()
+	if err := db.Set(victim, []byte("{}"), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	applied(t, db, seq)
+	if err := db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Compact(context.Background(), victim, append(bytes.Clone(victim), 0), true); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // applied bumps db's applied sequence so each save has a name of its own.
 func applied(t testing.TB, db *pebble.DB, seq uint64) {
 	t.Helper()
@@ -150,7 +167,10 @@ func TestFormat1CheckpointStillRestores(t *testing.T) {
 // the range of an old value and a new checkpoint is saved, deleting the
 // older checkpoint and collecting deletes exactly the tables that only it
 // held, securely: no file of the NATS server holds the old value, while
-// every table of the new checkpoint is kept (it restores).
+// every table of the new checkpoint is kept (it restores). The old
+// checkpoint is saved unsealed, as a release before sealed tables saved
+// it (the upgrade: its plain tables are overwritten when collected, and
+// restore beside sealed ones).
 func TestCollectTablesDeletesWhatNoCheckpointHolds(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	srv := testnats.Start(t)
@@ -175,21 +195,15 @@ func TestCollectTablesDeletesWhatNoCheckpointHolds(t *testing.T) {
 	}
 	fill(t, src, "tail", 10, 100) // the victim's table also holds these
 	applied(t, src, 1)
-	old, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	plain := obs.(*Bucket).ObjectStore // no key bucket: tables go unsealed
+	old, err := SaveCheckpointWith(ctx, plain, 0, src, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The erase: rewrite, flush, compact the victim's range only.
-	if err := src.Set(victim, []byte("{}"), pebble.Sync); err != nil {
-		t.Fatal(err)
+	if files, _ := diskscan.FilesContaining(srv.Opts.StoreDir, secret); len(files) == 0 {
+		t.Fatal("the unsealed save stored no plain table: the test proves nothing")
 	}
-	applied(t, src, 2)
-	if err := src.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Compact(ctx, victim, append(bytes.Clone(victim), 0), true); err != nil {
-		t.Fatal(err)
-	}
+	eraseLocally(t, src, victim, 2)
 	cur, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
 	if err != nil {
 		t.Fatal(err)

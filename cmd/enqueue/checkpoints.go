@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/sealed"
 )
 
 // runCheckpoints is `enqueue checkpoints` (issue 21 item 2: the
@@ -56,7 +57,8 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		return fmt.Errorf("bucket %s: %w", bucket, err)
 	}
 	if *get != "" {
-		if err := copyCheckpoint(ctx, obs, *get, *out); err != nil {
+		keys := func() (jetstream.KeyValue, error) { return c.JetStream().KeyValue(ctx, sealed.KeysBucket(bucket)) }
+		if err := copyCheckpoint(ctx, obs, keys, *get, *out); err != nil {
 			return fmt.Errorf("copy %s out of %s: %w", *get, bucket, err)
 		}
 		fmt.Fprintf(stdout, `{"name":%q,"out":%q}`+"\n", *get, *out)
@@ -129,9 +131,10 @@ const tablesFile = "telha-tables.json"
 
 // copyCheckpoint writes checkpoint name into the new file out as one tar
 // that `tar -xf` restores whole: a format-1 checkpoint as stored, a
-// format-2 one with its tables fetched from their objects (each checked
-// against its size and SHA-256) and without its table list.
-func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, out string) (err error) {
+// format-2 one with its tables fetched from their objects (each opened
+// with its data key from keys when it is sealed, and checked against its
+// size and SHA-256) and without its table list.
+func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, keys func() (jetstream.KeyValue, error), name, out string) (err error) {
 	f, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -159,7 +162,7 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, out st
 			return fmt.Errorf("read archive: %w", err)
 		}
 		if hdr.Name == tablesFile {
-			if err := copyTables(ctx, obs, tr, tw, hdr); err != nil {
+			if err := copyTables(ctx, obs, keys, tr, tw, hdr); err != nil {
 				return err
 			}
 			continue
@@ -182,7 +185,7 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, out st
 
 // copyTables reads a table list from r and writes every table it names,
 // fetched from its object, into tw.
-func copyTables(ctx context.Context, obs jetstream.ObjectStore, r io.Reader, tw *tar.Writer, list *tar.Header) error {
+func copyTables(ctx context.Context, obs jetstream.ObjectStore, keys func() (jetstream.KeyValue, error), r io.Reader, tw *tar.Writer, list *tar.Header) error {
 	var tl struct {
 		Format int `json:"format"`
 		Tables []struct {
@@ -203,13 +206,18 @@ func copyTables(ctx context.Context, obs jetstream.ObjectStore, r io.Reader, tw 
 		if err != nil {
 			return fmt.Errorf("table %s: %w", t.Name, err)
 		}
+		var src io.Reader = res
+		if src, err = openTable(ctx, res, keys); err != nil {
+			res.Close()
+			return fmt.Errorf("table %s: %w", t.Name, err)
+		}
 		hdr := &tar.Header{Name: t.Name, Mode: 0o644, Size: t.Size, ModTime: list.ModTime, Typeflag: tar.TypeReg}
 		if err := tw.WriteHeader(hdr); err != nil {
 			res.Close()
 			return err
 		}
 		h := sha256.New()
-		n, err := io.Copy(io.MultiWriter(tw, h), io.LimitReader(res, t.Size+1))
+		n, err := io.Copy(io.MultiWriter(tw, h), io.LimitReader(src, t.Size+1))
 		res.Close()
 		if err != nil {
 			return fmt.Errorf("table %s: %w", t.Name, err)
@@ -219,4 +227,22 @@ func copyTables(ctx context.Context, obs jetstream.ObjectStore, r io.Reader, tw 
 		}
 	}
 	return nil
+}
+
+// openTable returns the plaintext of the table object res: as stored, or
+// opened with its data key when it is sealed (docs/CONTRACT.md).
+func openTable(ctx context.Context, res jetstream.ObjectResult, keys func() (jetstream.KeyValue, error)) (io.Reader, error) {
+	info, err := res.Info()
+	if err != nil {
+		return nil, err
+	}
+	format := info.Metadata[sealed.Meta]
+	if format == "" {
+		return res, nil
+	}
+	kv, err := keys()
+	if err != nil {
+		return nil, fmt.Errorf("sealed, and its key bucket: %w", err)
+	}
+	return sealed.Open(ctx, kv, info.Name, format, res)
 }

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/app"
+	"github.com/telha/telha-cascade/internal/sealed"
 	"github.com/telha/telha-cascade/internal/testnats"
 )
 
@@ -82,6 +84,10 @@ func TestCheckpointsBackupAndRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
+	// The copy must open sealed tables (issue 29): the checkpoint has one.
+	if n := sealedTables(t, url, "TELHA_CKPT_STATIC1"); n == 0 {
+		t.Fatal("the checkpoint holds no sealed table: the copy's opening is untested")
+	}
 
 	if code, _, errOut := enqueue(t, "checkpoints", "--nats-url", url); code != 2 || !strings.Contains(errOut, "--slots") {
 		t.Fatalf("checkpoints without --slots: %d %q, want 2", code, errOut)
@@ -127,4 +133,30 @@ func TestCheckpointsBackupAndRestore(t *testing.T) {
 			t.Fatalf("node %s after the restore: %d", id, resp.StatusCode)
 		}
 	}
+}
+
+// sealedTables counts the live sealed table objects of bucket.
+func sealedTables(t *testing.T, url, bucket string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(testnats.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := js.ObjectStore(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := obs.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, in := range infos {
+		if !in.Deleted && strings.Contains(in.Name, "/sst/") && in.Metadata[sealed.Meta] != "" {
+			n++
+		}
+	}
+	return n
 }

@@ -1,0 +1,151 @@
+package partition
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/sealed"
+)
+
+// Sealed tables (issue 29, DECISIONS 80): crypto-shredding of the
+// checkpoints' tables.
+//
+// A table object is the bulk of what an erase must scrub from the bucket:
+// a secure delete of an object overwrites each of its chunk messages, and
+// the server rewrites the whole block file (up to 8 MB) that holds the
+// chunk for each one (erase.go), so deleting a few tables wrote hundreds
+// of megabytes on every NATS server. Instead, each table uploaded since
+// this change is sealed with a data key of its own (AES-256-GCM, in
+// segments), and the key is stored in a small KV bucket beside the
+// checkpoints (KeysBucket). Deleting a sealed table destroys its key (a
+// secure delete of one small message in a stream of small messages) and
+// then deletes the object plainly: the ciphertext left in a block file,
+// on a server that was down, in a backup of the object bucket, or in the
+// Raft log, is unreadable for good.
+//
+// Invariant: a sealed object's key is stored before its first chunk is,
+// and destroyed only by DeleteObject, which deletes the object after. So a
+// listed table always has its key, and an object whose key is gone is one
+// a delete was cut short on (the next collection finishes it).
+//
+// Tables stored before this change (no sealed.Meta in their metadata) restore
+// as they are and are deleted securely, as before.
+
+// KeysBucket is the KV bucket that holds the data keys of bucket's sealed
+// tables, keyed by object name (the format: internal/sealed).
+func KeysBucket(bucket string) string { return sealed.KeysBucket(bucket) }
+
+// Bucket is the checkpoint bucket with the KV bucket of its data keys, as
+// OpenCheckpoints returns it. It is a jetstream.ObjectStore; the functions
+// of this package that take one seal what they upload when it is a
+// *Bucket, and upload plainly otherwise.
+type Bucket struct {
+	jetstream.ObjectStore
+	js   jetstream.JetStream
+	keys jetstream.KeyValue
+}
+
+// openKeys creates (or binds) the KV bucket of bucket's data keys. Its
+// stream is made here, shaped as the client's KV makes one but without
+// DenyDelete (which the client sets and a stream can never drop again): a
+// key is destroyed with a secure delete of its message.
+func openKeys(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (jetstream.KeyValue, error) {
+	name := KeysBucket(bucket)
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              "KV_" + name,
+		Description:       "telha data keys of the sealed checkpoint tables of " + bucket + " (a key destroyed is a table erased)",
+		Subjects:          []string{"$KV." + name + ".>"},
+		MaxMsgsPerSubject: 1,
+		Discard:           jetstream.DiscardNew,
+		Storage:           jetstream.FileStorage,
+		Replicas:          replicas,
+		AllowRollup:       true,
+		AllowDirect:       true,
+		Duplicates:        2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("partition: key bucket %s: %w", name, err)
+	}
+	kv, err := js.KeyValue(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("partition: key bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// newKey stores a new data key for object name and returns it.
+func (b *Bucket) newKey(ctx context.Context, name string) ([]byte, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	if _, err := b.keys.Put(ctx, name, key); err != nil {
+		return nil, fmt.Errorf("partition: store the data key of %s: %w", name, err)
+	}
+	return key, nil
+}
+
+// destroyKey overwrites object name's data key in the key bucket's
+// stream (a secure delete: the server rewrites the small block file that
+// holds it) and removes it. A key already gone is not an error.
+func destroyKey(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, bucket, name string) error {
+	e, err := kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("partition: the data key of %s: %w", name, err)
+	}
+	s, err := js.Stream(ctx, "KV_"+KeysBucket(bucket))
+	if err != nil {
+		return fmt.Errorf("partition: key bucket of %s: %w", bucket, err)
+	}
+	if err := s.SecureDeleteMsg(ctx, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("partition: destroy the data key of %s: %w", name, err)
+	}
+	return nil
+}
+
+// keysOf returns the key bucket of obs (bucket, in js).
+func keysOf(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string) (jetstream.KeyValue, error) {
+	if b, ok := obs.(*Bucket); ok {
+		return b.keys, nil
+	}
+	return js.KeyValue(ctx, KeysBucket(bucket))
+}
+
+// openSealed returns the plaintext of the sealed object name read from r.
+func openSealed(ctx context.Context, obs jetstream.ObjectStore, name, format string, r io.Reader) (io.Reader, error) {
+	b, ok := obs.(*Bucket)
+	if !ok {
+		return nil, fmt.Errorf("partition: %s is sealed, and its bucket was opened without its key bucket (use OpenCheckpoints)", name)
+	}
+	return sealed.Open(ctx, b.keys, name, format, r)
+}
+
+// ReadObject returns the plaintext of object name of obs: as stored, or
+// opened with its data key when it is sealed (an error wrapping
+// sealed.ErrKeyDestroyed when that key is gone).
+func ReadObject(ctx context.Context, obs jetstream.ObjectStore, name string) ([]byte, error) {
+	res, err := obs.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Close()
+	info, err := res.Info()
+	if err != nil {
+		return nil, err
+	}
+	var r io.Reader = res
+	if v := info.Metadata[sealed.Meta]; v != "" {
+		if r, err = openSealed(ctx, obs, name, v, res); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(r)
+}

@@ -1,0 +1,107 @@
+package partition
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/telha/telha-cascade/internal/diskscan"
+	"github.com/telha/telha-cascade/internal/sealed"
+	"github.com/telha/telha-cascade/internal/testnats"
+)
+
+// TestSealedTablesAreShreddedByTheirKeys: tables saved through the
+// bucket OpenCheckpoints returns reach NATS sealed (no server file holds
+// a stored value); collecting a table destroys its key (no server file
+// holds the key's bytes after) and deletes its object, and the store
+// still restores from the newer checkpoint.
+func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	srv := testnats.Start(t)
+	js := connectJS(t, srv.ClientURL())
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := obs.(*Bucket)
+	src, err := pebble.Open(t.TempDir(), storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	opts := SaveOptions{ChunkSize: ChunkSizeFor(js.Conn().MaxPayload())}
+	const secret = "SECRET-in-a-sealed-table-9b2e"
+	for i := range 3 {
+		fill(t, src, "keep"+string(rune('a'+i)), 100, 800)
+	}
+	victim := []byte("\x01victim")
+	if err := src.Set(victim, []byte(secret), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, src, "tail", 10, 100) // flushed: the secret is in a table, not a WAL
+	applied(t, src, 1)
+	old, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files, err := diskscan.FilesContaining(srv.Opts.StoreDir, secret); err != nil || len(files) != 0 {
+		t.Fatalf("NATS files hold a value of a sealed table: %v, %v", files, err)
+	}
+	oldKeys := map[string][]byte{}
+	lister, err := b.keys.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range lister.Keys() {
+		k, err := sealed.Key(ctx, b.keys, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oldKeys[name] = k
+	}
+	if len(oldKeys) != old.Tables {
+		t.Fatalf("%d data keys for %d tables", len(oldKeys), old.Tables)
+	}
+	eraseLocally(t, src, victim, 2)
+	if _, err := SaveCheckpointWith(ctx, obs, 0, src, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteCheckpoint(ctx, js, obs, "TELHA_CKPT", old.Name); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := CollectTables(ctx, js, obs, "TELHA_CKPT", 0)
+	if err != nil || n == 0 {
+		t.Fatalf("collected %d, %v", n, err)
+	}
+	destroyed := 0
+	for name, k := range oldKeys {
+		_, err := sealed.Key(ctx, b.keys, name)
+		if errors.Is(err, sealed.ErrKeyDestroyed) {
+			destroyed++
+			if files, err := diskscan.FilesContaining(srv.Opts.StoreDir, string(k)); err != nil || len(files) != 0 {
+				t.Fatalf("the destroyed key of %s is still in %v (%v)", name, files, err)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if destroyed != n {
+		t.Fatalf("%d keys destroyed for %d tables collected", destroyed, n)
+	}
+	dst := filepath.Join(t.TempDir(), "restored")
+	if seq, err := Restore(ctx, obs, 0, dst); err != nil || seq != 2 {
+		t.Fatalf("restore after the collection = %d, %v", seq, err)
+	}
+	db, err := pebble.Open(dst, storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if v, c, err := db.Get(victim); err != nil || string(v) != "{}" {
+		t.Fatalf("restored victim = %q, %v", v, err)
+	} else {
+		c.Close()
+	}
+}
