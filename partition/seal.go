@@ -56,6 +56,13 @@ type Bucket struct {
 // key is destroyed with a secure delete of its message.
 func openKeys(ctx context.Context, js jetstream.JetStream, bucket string, replicas int) (jetstream.KeyValue, error) {
 	name := KeysBucket(bucket)
+	// Bound if it exists (a stream info, no round of the cluster's meta
+	// group: every slot of a member opens it as it starts).
+	if kv, err := js.KeyValue(ctx, name); err == nil {
+		return kv, nil
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("partition: key bucket %s: %w", name, err)
+	}
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:              "KV_" + name,
 		Description:       "telha data keys of the sealed checkpoint tables of " + bucket + " (a key destroyed is a table erased)",
