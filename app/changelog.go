@@ -70,12 +70,15 @@ func registerChangelog(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Changelog, "changelog", ChangelogOff, "off: the local Pebble is the only copy of this replica's data (every commit fsynced); "+
 		"jetstream: every committed batch is first appended to a replicated JetStream stream (TELHA_LOG_STATIC<N>_<i>) and only then committed locally, "+
 		"without fsync; checkpoints go to the Object Store bucket TELHA_CKPT_STATIC<N>; a replica that starts on an empty or lost disk restores "+
-		"the newest checkpoint and replays the changelog before it serves. An erase reaches both before its result: the store is checkpointed, the changelog purged whole "+
-		"and every older checkpoint overwritten and deleted, the writer held meanwhile")
+		"the newest checkpoint and replays the changelog before it serves. An erase reaches both before its result: the store is checkpointed (incrementally), "+
+		"the changelog purged whole and every older checkpoint deleted (a sealed table by destroying its key), beside the writer")
 	fs.IntVar(&c.ChangelogReplicas, "changelog-replicas", 0, "replicas of the changelog stream and the checkpoint bucket (0: --stream-replicas; 3 on a JetStream cluster)")
 	fs.StringVar(&c.CheckpointSchedule, "checkpoint-schedule", "@every 10m", "cron spec of checkpoints with --changelog jetstream (5 fields, or a descriptor such as @every 10m); "+
 		"a restore replays the changelog written since the newest one")
 	fs.IntVar(&c.CheckpointsKeep, "checkpoints-keep", 2, "checkpoints kept with --changelog jetstream; the changelog is purged below the oldest one kept")
+	c.CheckpointUploadRate = 16 << 20
+	fs.Var((*byteSize)(&c.CheckpointUploadRate), "checkpoint-upload-rate", "bytes per second (or with a unit: 16MiB) at which a serving slot's checkpoints and erase scrubs upload their tables, "+
+		"leaving NATS room for the slot's commits; 0: as fast as NATS takes them. The seed checkpoint, and an erase's last save (which holds the writer), are not paced")
 }
 
 func (c *Config) validateChangelog() []error {
@@ -91,6 +94,9 @@ func (c *Config) validateChangelog() []error {
 	}
 	if c.CheckpointsKeep < 1 {
 		errs = append(errs, fmt.Errorf("--checkpoints-keep must be at least 1, got %d", c.CheckpointsKeep))
+	}
+	if c.CheckpointUploadRate < 0 {
+		errs = append(errs, fmt.Errorf("--checkpoint-upload-rate must be 0 (unpaced) or more, got %d", c.CheckpointUploadRate))
 	}
 	return errs
 }
@@ -629,6 +635,15 @@ func (c *changelog) saveOptions() partition.SaveOptions {
 	return partition.SaveOptions{Staging: c.staging, Tables: &c.tables, ChunkSize: c.chunk}
 }
 
+// pacedSaveOptions is saveOptions for a save beside a serving slot (a
+// scheduled checkpoint, an erase's first save): paced at
+// --checkpoint-upload-rate.
+func (c *changelog) pacedSaveOptions() partition.SaveOptions {
+	o := c.saveOptions()
+	o.Rate = c.cfg.CheckpointUploadRate
+	return o
+}
+
 // checkpoint saves one checkpoint, prunes to --checkpoints-keep, purges
 // the changelog below the oldest kept and below what each tailing standby
 // still needs (dynamic mode), and collects the tables no kept checkpoint
@@ -650,7 +665,7 @@ func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 		return partition.CheckpointInfo{}, errors.New("changelog: store not open")
 	}
 	t0 := time.Now()
-	info, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions())
+	info, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.pacedSaveOptions())
 	var floor uint64
 	var collected int
 	if err == nil {
@@ -737,7 +752,7 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if db == nil {
 		return errors.New("changelog: store not open")
 	}
-	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.saveOptions())
+	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.pacedSaveOptions())
 	if err != nil {
 		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
 	}

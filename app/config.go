@@ -76,6 +76,9 @@ type Config struct {
 	ChangelogReplicas  int
 	CheckpointSchedule string
 	CheckpointsKeep    int
+	// CheckpointUploadRate paces the tables a serving slot's checkpoint or
+	// erase scrub uploads (bytes per second; 0 unpaced).
+	CheckpointUploadRate int64
 	// Member: --partition-owner dynamic and its flags (member_config.go).
 	Member MemberConfig
 

@@ -48,7 +48,7 @@ var memberFlags = []string{"--member-id", "--advertise-url", "--standbys", "--me
 
 // changelogFlags are the flags of the changelog (dynamic, or static with
 // changelog.enabled).
-var changelogFlags = []string{"--changelog", "--changelog-replicas", "--checkpoint-schedule", "--checkpoints-keep"}
+var changelogFlags = []string{"--changelog", "--changelog-replicas", "--checkpoint-schedule", "--checkpoints-keep", "--checkpoint-upload-rate"}
 
 // TestOwnershipDynamicDefaults: the chart's defaults run dynamic/8 with the
 // changelog, each pod named and advertised by its own stable DNS name
@@ -57,17 +57,18 @@ func TestOwnershipDynamicDefaults(t *testing.T) {
 	sts, c := worker(t, renderByName(t, "chart-defaults"))
 	headless := fullname + "-headless"
 	want := map[string]string{
-		"--partition-owner":     "dynamic/8",
-		"--partitions":          "16",
-		"--changelog":           "jetstream",
-		"--member-id":           "$(POD_NAME)",
-		"--advertise-url":       fmt.Sprintf("http://$(POD_NAME).%s.%s.svc.cluster.local:8080", headless, namespace),
-		"--standbys":            "1",
-		"--member-ttl":          "6s",
-		"--forward-wait":        "10s",
-		"--checkpoint-schedule": "@every 10m",
-		"--checkpoints-keep":    "2",
-		"--http-addr":           ":8080",
+		"--partition-owner":        "dynamic/8",
+		"--partitions":             "16",
+		"--changelog":              "jetstream",
+		"--member-id":              "$(POD_NAME)",
+		"--advertise-url":          fmt.Sprintf("http://$(POD_NAME).%s.%s.svc.cluster.local:8080", headless, namespace),
+		"--standbys":               "1",
+		"--member-ttl":             "6s",
+		"--forward-wait":           "10s",
+		"--checkpoint-schedule":    "@every 10m",
+		"--checkpoints-keep":       "2",
+		"--checkpoint-upload-rate": "16MiB",
+		"--http-addr":              ":8080",
 	}
 	for f, v := range want {
 		if got, ok := argValue(c.Args, f); !ok || got != v {
@@ -102,19 +103,21 @@ func TestOwnershipDynamicValues(t *testing.T) {
 	_, c := statefulSetOf(t, renderObjects(t,
 		"replicaCount=3", "partitions=12", "auth.tokensSecret=t", "service.port=9090", "clusterDomain=k8s.example",
 		"ownership.slots=6", "ownership.standbys=2", "ownership.memberTTL=15s", "ownership.forwardWait=30s",
-		"changelog.replicas=3", "changelog.checkpointSchedule=*/5 * * * *", "changelog.checkpointsKeep=4"))
+		"changelog.replicas=3", "changelog.checkpointSchedule=*/5 * * * *", "changelog.checkpointsKeep=4",
+		"changelog.uploadRate=4MiB"))
 	want := map[string]string{
-		"--partition-owner":     "dynamic/6",
-		"--partitions":          "12",
-		"--changelog":           "jetstream",
-		"--advertise-url":       fmt.Sprintf("http://$(POD_NAME).%s-headless.%s.svc.k8s.example:9090", fullname, namespace),
-		"--standbys":            "2",
-		"--member-ttl":          "15s",
-		"--forward-wait":        "30s",
-		"--changelog-replicas":  "3",
-		"--checkpoint-schedule": "*/5 * * * *",
-		"--checkpoints-keep":    "4",
-		"--http-addr":           ":9090",
+		"--partition-owner":        "dynamic/6",
+		"--partitions":             "12",
+		"--changelog":              "jetstream",
+		"--advertise-url":          fmt.Sprintf("http://$(POD_NAME).%s-headless.%s.svc.k8s.example:9090", fullname, namespace),
+		"--standbys":               "2",
+		"--member-ttl":             "15s",
+		"--forward-wait":           "30s",
+		"--changelog-replicas":     "3",
+		"--checkpoint-schedule":    "*/5 * * * *",
+		"--checkpoints-keep":       "4",
+		"--checkpoint-upload-rate": "4MiB",
+		"--http-addr":              ":9090",
 	}
 	for f, v := range want {
 		if got, ok := argValue(c.Args, f); !ok || got != v {

@@ -149,6 +149,11 @@ type SaveOptions struct {
 	// store's writer), so the save does not open the checkpoint to read
 	// it. 0 reads it from the checkpoint.
 	Seq uint64
+	// Rate paces the upload of the tables, in bytes per second, so a save
+	// beside a serving slot leaves NATS room for its commits (issue 29: an
+	// erase's scrub uploads tens of MB); 0 uploads as fast as NATS takes
+	// them.
+	Rate int64
 }
 
 // SaveCheckpoint is SaveCheckpointWith without options.
@@ -210,7 +215,7 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	if chunk == 0 {
 		chunk = DefaultChunkSize
 	}
-	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk)
+	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk, newPace(opts.Rate))
 	if err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}

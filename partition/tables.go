@@ -111,7 +111,7 @@ type uploaded struct {
 
 // uploadTables stores every table of the checkpoint in dir that the
 // bucket does not hold yet.
-func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32) (uploaded, error) {
+func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32, pace *pace) (uploaded, error) {
 	var up uploaded
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -160,6 +160,9 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 				return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
 			}
 			meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
+		}
+		if pace != nil {
+			r = &pacedReader{ctx: ctx, r: r, pace: pace}
 		}
 		_, err = obs.Put(ctx, meta, r)
 		f.Close()
@@ -398,4 +401,42 @@ func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.O
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
 	return obs.List(ctx)
+}
+
+// pace spreads a save's uploads over time at rate bytes per second,
+// across all its tables.
+type pace struct {
+	rate float64
+	t0   time.Time
+	n    int64
+}
+
+func newPace(rate int64) *pace {
+	if rate <= 0 {
+		return nil
+	}
+	return &pace{rate: float64(rate), t0: time.Now()}
+}
+
+// pacedReader reads from r no faster than its pace, and stops waiting
+// when ctx ends.
+type pacedReader struct {
+	ctx  context.Context
+	r    io.Reader
+	pace *pace
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.pace.n += int64(n)
+	if d := time.Duration(float64(p.pace.n)/p.pace.rate*float64(time.Second)) - time.Since(p.pace.t0); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-p.ctx.Done():
+			return n, p.ctx.Err()
+		case <-t.C:
+		}
+	}
+	return n, err
 }

@@ -296,6 +296,9 @@ the variable would be silently ignored).
 {{- end }}
 - {{ printf "--checkpoint-schedule=%s" $log.checkpointSchedule | quote }}
 - --checkpoints-keep={{ int $log.checkpointsKeep }}
+{{- if $log.uploadRate }}
+- {{ printf "--checkpoint-upload-rate=%v" $log.uploadRate | quote }}
+{{- end }}
 {{- end }}
 - --max-batch-ops={{ int64 .Values.maxBatchOps }}
 {{- if gt (int64 .Values.journalChunkOps) 0 }}
