@@ -78,7 +78,8 @@ func registerChangelog(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.CheckpointsKeep, "checkpoints-keep", 2, "checkpoints kept with --changelog jetstream; the changelog is purged below the oldest one kept")
 	c.CheckpointUploadRate = 16 << 20
 	fs.Var((*byteSize)(&c.CheckpointUploadRate), "checkpoint-upload-rate", "bytes per second (or with a unit: 16MiB) at which a serving slot's checkpoints and erase scrubs upload their tables, "+
-		"leaving NATS room for the slot's commits; 0: as fast as NATS takes them. The seed checkpoint, and an erase's last save (which holds the writer), are not paced")
+		"leaving NATS room for the slot's commits, but never stretching one save's upload past 2 s (faster when its bytes need it); 0: as fast as NATS takes them. "+
+		"The seed checkpoint, and an erase's last save (which holds the writer), are not paced")
 }
 
 func (c *Config) validateChangelog() []error {

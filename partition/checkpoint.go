@@ -151,8 +151,9 @@ type SaveOptions struct {
 	Seq uint64
 	// Rate paces the upload of the tables, in bytes per second, so a save
 	// beside a serving slot leaves NATS room for its commits (issue 29: an
-	// erase's scrub uploads tens of MB); 0 uploads as fast as NATS takes
-	// them.
+	// erase's scrub uploads tens of MB), yet never stretches the upload
+	// past uploadBudget (faster when the bytes need it); 0 uploads as fast
+	// as NATS takes them.
 	Rate int64
 }
 
@@ -215,7 +216,7 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	if chunk == 0 {
 		chunk = DefaultChunkSize
 	}
-	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk, newPace(opts.Rate))
+	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk, opts.Rate)
 	if err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}

@@ -111,7 +111,7 @@ type uploaded struct {
 
 // uploadTables stores every table of the checkpoint in dir that the
 // bucket does not hold yet.
-func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32, pace *pace) (uploaded, error) {
+func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32, rate int64) (uploaded, error) {
 	var up uploaded
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -121,6 +121,8 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 	if err != nil {
 		return up, err
 	}
+	var news []tableEntry // to upload
+	var newBytes int64
 	for _, e := range entries {
 		if !isTable(e.Name()) {
 			continue
@@ -129,51 +131,59 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 		if err != nil {
 			return up, err
 		}
-		path := filepath.Join(dir, e.Name())
 		key := fmt.Sprintf("%s/%d", e.Name(), info.Size())
 		d, ok := cache.get(key)
 		if !ok {
-			if d, err = digestFile(path); err != nil {
+			if d, err = digestFile(filepath.Join(dir, e.Name())); err != nil {
 				return up, err
 			}
 			cache.put(key, d)
 		}
-		obj := TableObject(p, d)
-		up.tables = append(up.tables, tableEntry{Name: e.Name(), Object: obj, Size: info.Size(), SHA256: d})
+		t := tableEntry{Name: e.Name(), Object: TableObject(p, d), Size: info.Size(), SHA256: d}
+		up.tables = append(up.tables, t)
 		up.total += uint64(info.Size())
-		if have[obj] {
-			continue
+		if !have[t.Object] {
+			have[t.Object] = true // a table listed twice is uploaded once
+			news = append(news, t)
+			newBytes += t.Size
 		}
-		f, err := os.Open(path)
-		if err != nil {
-			return up, err
+	}
+	pace := newPace(rate, newBytes)
+	for _, t := range news {
+		if err := uploadTable(ctx, obs, filepath.Join(dir, t.Name), t.Object, chunk, pace); err != nil {
+			return up, fmt.Errorf("upload table %s: %w", t.Name, err)
 		}
-		meta := jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}
-		var r io.Reader = f
-		if b, ok := obs.(*Bucket); ok {
-			var key []byte
-			if key, err = b.newKey(ctx, obj); err == nil {
-				r, err = sealed.NewSealReader(f, key)
-			}
-			if err != nil {
-				f.Close()
-				return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
-			}
-			meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
-		}
-		if pace != nil {
-			r = &pacedReader{ctx: ctx, r: r, pace: pace}
-		}
-		_, err = obs.Put(ctx, meta, r)
-		f.Close()
-		if err != nil {
-			return up, fmt.Errorf("upload table %s: %w", e.Name(), err)
-		}
-		have[obj] = true
 		up.uploaded++
-		up.uploadedBytes += uint64(info.Size())
+		up.uploadedBytes += uint64(t.Size)
 	}
 	return up, nil
+}
+
+// uploadTable stores the table at path as object obj: sealed with a new
+// data key when obs is a *Bucket, at pace (nil: unpaced).
+func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj string, chunk uint32, pace *pace) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	meta := jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}
+	var r io.Reader = f
+	if b, ok := obs.(*Bucket); ok {
+		key, err := b.newKey(ctx, obj)
+		if err != nil {
+			return err
+		}
+		if r, err = sealed.NewSealReader(f, key); err != nil {
+			return err
+		}
+		meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
+	}
+	if pace != nil {
+		r = &pacedReader{ctx: ctx, r: r, pace: pace}
+	}
+	_, err = obs.Put(ctx, meta, r)
+	return err
 }
 
 func digestFile(path string) (string, error) {
@@ -403,19 +413,27 @@ func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.O
 	return obs.List(ctx)
 }
 
-// pace spreads a save's uploads over time at rate bytes per second,
-// across all its tables.
+// uploadBudget bounds how long pacing may stretch one save's upload: a
+// save holds the changelog's lock, and an erase's scrub waits for it.
+const uploadBudget = 2 * time.Second
+
+// pace spreads a save's uploads over time, across all its tables: at
+// rate bytes per second, or faster when that would take longer than
+// uploadBudget for the bytes to upload.
 type pace struct {
 	rate float64
 	t0   time.Time
 	n    int64
 }
 
-func newPace(rate int64) *pace {
+// newPace returns the pace of an upload of bytes at rate; nil (unpaced)
+// when rate is 0.
+func newPace(rate, bytes int64) *pace {
 	if rate <= 0 {
 		return nil
 	}
-	return &pace{rate: float64(rate), t0: time.Now()}
+	r := max(float64(rate), float64(bytes)/uploadBudget.Seconds())
+	return &pace{rate: r, t0: time.Now()}
 }
 
 // pacedReader reads from r no faster than its pace, and stops waiting

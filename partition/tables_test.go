@@ -328,3 +328,25 @@ func storeOpts() *pebble.Options {
 }
 
 var _ = context.Background
+
+// TestPaceStaysWithinItsBudget: the pace is the rate asked for, unless
+// the bytes to upload would then take longer than uploadBudget; 0 is
+// unpaced.
+func TestPaceStaysWithinItsBudget(t *testing.T) {
+	const mib = 1 << 20
+	if newPace(0, 100*mib) != nil {
+		t.Fatal("rate 0 paced the upload")
+	}
+	for _, c := range []struct {
+		rate, bytes int64
+		want        float64
+	}{
+		{16 * mib, 1 * mib, 16 * mib},
+		{16 * mib, 32 * mib, 16 * mib},
+		{16 * mib, 100 * mib, 100 * mib / uploadBudget.Seconds()},
+	} {
+		if got := newPace(c.rate, c.bytes).rate; got != c.want {
+			t.Errorf("newPace(%d, %d).rate = %.0f, want %.0f", c.rate, c.bytes, got, c.want)
+		}
+	}
+}
