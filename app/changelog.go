@@ -773,6 +773,7 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 			// exactly the log's last sequence.
 			opts := c.saveOptions()
 			opts.Seq = last
+			opts.Stored = first.Stored // the lock is held since: nothing was deleted
 			var err error
 			if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts); err != nil {
 				return fmt.Errorf("changelog: checkpoint after an erase: %w", err)

@@ -78,6 +78,10 @@ type CheckpointInfo struct {
 	// BytesUploaded is what this save sent to the bucket: the new tables,
 	// the table list and the archive of the other files.
 	BytesUploaded uint64
+	// Stored is the partition's table objects the bucket holds after this
+	// save, for the next save's SaveOptions.Stored (nil when the save found
+	// its checkpoint already stored).
+	Stored map[string]bool `json:"-"`
 }
 
 // CheckpointName is the object name of partition p's checkpoint at seq.
@@ -155,6 +159,12 @@ type SaveOptions struct {
 	// past uploadBudget (faster when the bytes need it); 0 uploads as fast
 	// as NATS takes them.
 	Rate int64
+	// Stored, when not nil, is the partition's table objects the bucket
+	// holds: a previous save's CheckpointInfo.Stored, with no collection
+	// or delete since (the caller serialises them). The save then does not
+	// list the bucket, which takes hundreds of milliseconds once it holds
+	// hundreds of objects: an erase's last save runs under the writer.
+	Stored map[string]bool
 }
 
 // SaveCheckpoint is SaveCheckpointWith without options.
@@ -216,7 +226,7 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	if chunk == 0 {
 		chunk = DefaultChunkSize
 	}
-	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk, opts.Rate)
+	up, err := uploadTables(ctx, obs, p, dir, opts.Tables, chunk, opts.Rate, opts.Stored)
 	if err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}
@@ -248,7 +258,7 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 		return CheckpointInfo{}, fmt.Errorf("partition %d: upload checkpoint %s: %w", p, name, err)
 	}
 	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size + up.total, Modified: info.ModTime,
-		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list))}, nil
+		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list)), Stored: up.stored}, nil
 }
 
 // StagingPrefix starts the name of a directory SaveCheckpointWith stages

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,20 +108,25 @@ type uploaded struct {
 	total         uint64 // bytes of every table
 	uploaded      int
 	uploadedBytes uint64
+	stored        map[string]bool // the partition's table objects in the bucket after
 }
 
 // uploadTables stores every table of the checkpoint in dir that the
-// bucket does not hold yet.
-func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32, rate int64) (uploaded, error) {
+// bucket does not hold yet: what stored names (when not nil), or else a
+// listing of the bucket.
+func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir string, cache *TableDigests, chunk uint32, rate int64, stored map[string]bool) (uploaded, error) {
 	var up uploaded
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return up, err
 	}
-	have, err := objectNames(ctx, obs, fmt.Sprintf("partition-%d/sst/", p))
-	if err != nil {
-		return up, err
+	have := maps.Clone(stored)
+	if have == nil {
+		if have, err = objectNames(ctx, obs, fmt.Sprintf("partition-%d/sst/", p)); err != nil {
+			return up, err
+		}
 	}
+	up.stored = have
 	var news []tableEntry // to upload
 	var newBytes int64
 	for _, e := range entries {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -97,7 +98,16 @@ func TestIncrementalCheckpoints(t *testing.T) {
 	}
 	fill(t, src, "more", 50, 1000)
 	applied(t, src, 20)
-	second, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	// The second save is told what the bucket holds (an erase's last save,
+	// under the writer, does not list it): the first save's Stored, which
+	// must be exactly the bucket's table objects.
+	listed, err := objectNames(ctx, obs, "partition-0/sst/")
+	if err != nil || !maps.Equal(listed, first.Stored) {
+		t.Fatalf("first save's Stored %v, the bucket's tables %v (%v)", first.Stored, listed, err)
+	}
+	opts2 := opts
+	opts2.Stored = first.Stored
+	second, err := SaveCheckpointWith(ctx, obs, 0, src, opts2)
 	if err != nil {
 		t.Fatal(err)
 	}
