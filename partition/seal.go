@@ -24,9 +24,11 @@ import (
 // segments), and the key is stored in a small KV bucket beside the
 // checkpoints (KeysBucket). Deleting a sealed table destroys its key (a
 // secure delete of one small message in a stream of small messages) and
-// then deletes the object plainly: the ciphertext left in a block file,
-// on a server that was down, in a backup of the object bucket, or in the
-// Raft log, is unreadable for good.
+// then deletes the object plainly: the ciphertext left in the object
+// bucket's block files, or in a copy of the object bucket alone, is
+// unreadable for good. (A NATS server that was down during the delete,
+// and the Raft logs until their next snapshot, hold the key as long as
+// they hold the ciphertext: docs/RELIABILITY.md, (d) and (e).)
 //
 // Invariant: a sealed object's key is stored before its first chunk is,
 // and destroyed only by DeleteObject, which deletes the object after. So a
