@@ -343,7 +343,13 @@ func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options)
 			}
 			return err
 		}
-		cl.scrubStep, cl.scrubbedHook = opts.CopyScrubStep, opts.CopyScrubbed
+		cl.scrubStep, cl.scrubFailed = opts.CopyScrubStep, a.metrics.ScrubFailed
+		cl.scrubbedHook = func(s ScrubStatus) {
+			a.metrics.Scrubbed(s.Took, s.WriterHeld, s.BytesUploaded, s.BytesCollected)
+			if opts.CopyScrubbed != nil {
+				opts.CopyScrubbed(s)
+			}
+		}
 		a.changelog, durable, copies = cl, cl.cl, cl
 	}
 	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{

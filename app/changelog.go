@@ -164,7 +164,7 @@ type ScrubStatus struct {
 	Took            time.Duration // from the call to the end (the erase's result waits for it)
 	WriterHeld      time.Duration // step 3, the only one on the writer
 	BytesUploaded   uint64        // sent to the checkpoint bucket
-	TablesCollected int           // table objects deleted (securely)
+	TablesCollected int           // table objects deleted (a sealed one by destroying its key)
 	BytesCollected  uint64
 }
 
@@ -193,6 +193,8 @@ type changelog struct {
 	// Options.CopyScrubbed.
 	scrubStep    func(step string)
 	scrubbedHook func(ScrubStatus)
+	// scrubFailed is told of each failed scrub of the copies (metrics).
+	scrubFailed func()
 
 	mu     sync.Mutex // guards status
 	status ChangelogStatus
@@ -745,6 +747,9 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 			c.mu.Lock()
 			c.status.LastErr = err.Error()
 			c.mu.Unlock()
+			if c.scrubFailed != nil {
+				c.scrubFailed()
+			}
 			c.log.Error("changelog: an erase could not reach the changelog or the checkpoints: they may still hold its data; "+
 				"its result waits, and it is retried after a backoff", "stream", c.status.Stream, "bucket", c.status.Bucket, "err", err)
 		}

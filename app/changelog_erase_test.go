@@ -14,9 +14,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/internal/sealed"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/reaper"
@@ -130,6 +132,18 @@ func TestChangelogEraseReachesEveryCopy(t *testing.T) {
 	r := mustOK(t, b.wait(rid))
 	if r.VersionsErased == nil || *r.VersionsErased < 5 { // the node's puts and tombstone, the edge's puts and tombstone
 		t.Fatalf("erase_node result: %+v", r)
+	}
+	// The SRE's view of it (dashboard row "Erasure"): one scrub, its bytes
+	// uploaded, no failure.
+	mt := w.app.Metrics()
+	if n := histogramOf(t, mt, "telha_erase_scrub_seconds").GetSampleCount(); n < 1 {
+		t.Errorf("telha_erase_scrub_seconds counted %d scrubs after an erase", n)
+	}
+	if up := testutil.ToFloat64(mt.ScrubBytes.WithLabelValues(metrics.ScrubUploaded)); up <= 0 {
+		t.Errorf("telha_erase_scrub_bytes_total{kind=uploaded} = %v after an erase's scrub", up)
+	}
+	if f := testutil.ToFloat64(mt.ScrubFailures); f != 0 {
+		t.Errorf("telha_erase_scrub_failures_total = %v", f)
 	}
 
 	// The server removes a purged stream's old blocks right after the purge

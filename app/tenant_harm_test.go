@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/queue"
 )
 
@@ -250,6 +251,7 @@ func TestHarmMetricLabelsComeFromFixedSets(t *testing.T) {
 		"path":   {"inline", "journaled"},
 		"lane":   {"foreground", "background"},
 		"result": {"ok", "error", "skipped"},
+		"kind":   {metrics.ScrubUploaded, metrics.ScrubDeleted},
 	}
 	labelRE := regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
 	for _, line := range strings.Split(text, "\n") {

@@ -48,6 +48,10 @@ var workerMetrics = map[string]string{
 	"telha_consumer_paused":                           "gauge",
 	"telha_results_parked":                            "gauge",
 	"telha_results_parked_events_total":               "counter",
+	"telha_erase_scrub_seconds":                       "histogram",
+	"telha_erase_scrub_writer_held_seconds":           "histogram",
+	"telha_erase_scrub_bytes_total":                   "counter",
+	"telha_erase_scrub_failures_total":                "counter",
 	"telha_storage_commit_failures_total":             "counter",
 	"telha_storage_disk_free_bytes":                   "gauge",
 	// --partition-owner dynamic: the member's own families.

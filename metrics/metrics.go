@@ -52,6 +52,13 @@ type Metrics struct {
 	BuildInfo         *prometheus.GaugeVec
 	APIDenied         *prometheus.CounterVec
 	ResultsParked     prometheus.Counter
+	// The scrub of the copies after erases (--changelog jetstream, issue
+	// 29): its duration, how long it held the writer, the bytes it
+	// uploaded and deleted, and its failures (each retried).
+	ScrubDuration   prometheus.Histogram
+	ScrubWriterHeld prometheus.Histogram
+	ScrubBytes      *prometheus.CounterVec
+	ScrubFailures   prometheus.Counter
 }
 
 // Labels are the label values initialised at start, so rate() sees zeros
@@ -138,10 +145,25 @@ func New(b Build, l Labels) *Metrics {
 			Name: "telha_build_info", Help: "Build of the running worker (value 1).",
 		}, []string{"version", "revision", "goversion"}),
 		APIDenied: newAPIDenied(),
+		ScrubDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "telha_erase_scrub_seconds", Help: "Scrubs of the copies after erases (a checkpoint, the changelog's purge, the replaced tables deleted), each covering every erase prepared before it; an erase's result waits for its scrub.",
+			Buckets: []float64{.1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300},
+		}),
+		ScrubWriterHeld: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "telha_erase_scrub_writer_held_seconds", Help: "How long a scrub of the copies held the store's one writer (its last save and the purge): every tenant of the slot waits this long.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
+		ScrubBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "telha_erase_scrub_bytes_total", Help: "Bytes of tables the scrubs of the copies uploaded to the checkpoint bucket and deleted from it, by kind (uploaded, deleted).",
+		}, []string{"kind"}),
+		ScrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_erase_scrub_failures_total", Help: "Scrubs of the copies that failed (NATS unreachable, a bound passed); each is retried, and the erases' results wait.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
 		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied, m.QueueWait, m.ResultsParked,
+		m.ScrubDuration, m.ScrubWriterHeld, m.ScrubBytes, m.ScrubFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Only the pairs that can occur: a real op with any status, and op
 	// "unknown" with the statuses of a request that could not be read.
@@ -172,6 +194,9 @@ func New(b Build, l Labels) *Metrics {
 	}
 	for _, reason := range l.DeniedReasons {
 		m.APIDenied.WithLabelValues(reason)
+	}
+	for _, kind := range []string{ScrubUploaded, ScrubDeleted} {
+		m.ScrubBytes.WithLabelValues(kind)
 	}
 	if b.Version == "" {
 		b.Version = "dev"
@@ -212,6 +237,23 @@ func newAPIDenied() *prometheus.CounterVec {
 		Name: "telha_api_denied_total", Help: "Read-API requests refused by access control, by reason (unauthenticated, forbidden_tenant, forbidden_role, loopback_only).",
 	}, []string{"reason"})
 }
+
+// Kinds of telha_erase_scrub_bytes_total.
+const (
+	ScrubUploaded = "uploaded"
+	ScrubDeleted  = "deleted"
+)
+
+// Scrubbed records a finished scrub of the copies.
+func (m *Metrics) Scrubbed(took, writerHeld time.Duration, uploaded, deleted uint64) {
+	m.ScrubDuration.Observe(took.Seconds())
+	m.ScrubWriterHeld.Observe(writerHeld.Seconds())
+	m.ScrubBytes.WithLabelValues(ScrubUploaded).Add(float64(uploaded))
+	m.ScrubBytes.WithLabelValues(ScrubDeleted).Add(float64(deleted))
+}
+
+// ScrubFailed counts a scrub of the copies that failed.
+func (m *Metrics) ScrubFailed() { m.ScrubFailures.Inc() }
 
 // Denied counts a read-API request refused by access control.
 func (m *Metrics) Denied(reason string) {
