@@ -128,33 +128,47 @@ func keysOf(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectSto
 	return js.KeyValue(ctx, KeysBucket(bucket))
 }
 
-// openSealed returns the plaintext of the sealed object name read from r.
-func openSealed(ctx context.Context, obs jetstream.ObjectStore, name, format string, r io.Reader) (io.Reader, error) {
-	b, ok := obs.(*Bucket)
-	if !ok {
-		return nil, fmt.Errorf("partition: %s is sealed, and its bucket was opened without its key bucket (use OpenCheckpoints)", name)
-	}
-	return sealed.Open(ctx, b.keys, name, format, r)
-}
-
-// ReadObject returns the plaintext of object name of obs: as stored, or
-// opened with its data key when it is sealed (an error wrapping
+// openObject opens object name of obs for reading its plaintext: as
+// stored, or opened with its data key when it is sealed (an error wrapping
 // sealed.ErrKeyDestroyed when that key is gone).
-func ReadObject(ctx context.Context, obs jetstream.ObjectStore, name string) ([]byte, error) {
+func openObject(ctx context.Context, obs jetstream.ObjectStore, name string) (io.ReadCloser, error) {
 	res, err := obs.Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	defer res.Close()
 	info, err := res.Info()
+	if err != nil {
+		res.Close()
+		return nil, err
+	}
+	format := info.Metadata[sealed.Meta]
+	if format == "" {
+		return res, nil
+	}
+	b, ok := obs.(*Bucket)
+	if !ok {
+		res.Close()
+		return nil, fmt.Errorf("partition: %s is sealed, and its bucket was opened without its key bucket (use OpenCheckpoints)", name)
+	}
+	r, err := sealed.Open(ctx, b.keys, name, format, res)
+	if err != nil {
+		res.Close()
+		return nil, err
+	}
+	return readCloser{r, res}, nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// ReadObject returns the plaintext of object name of obs (openObject).
+func ReadObject(ctx context.Context, obs jetstream.ObjectStore, name string) ([]byte, error) {
+	r, err := openObject(ctx, obs, name)
 	if err != nil {
 		return nil, err
 	}
-	var r io.Reader = res
-	if v := info.Metadata[sealed.Meta]; v != "" {
-		if r, err = openSealed(ctx, obs, name, v, res); err != nil {
-			return nil, err
-		}
-	}
+	defer r.Close()
 	return io.ReadAll(r)
 }

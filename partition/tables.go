@@ -287,21 +287,11 @@ func decodeTableList(raw []byte) (tableList, error) {
 }
 
 func fetchTable(ctx context.Context, obs jetstream.ObjectStore, t tableEntry, path string) error {
-	res, err := obs.Get(ctx, t.Object)
+	r, err := openObject(ctx, obs, t.Object)
 	if err != nil {
 		return err
 	}
-	defer res.Close()
-	var r io.Reader = res
-	info, err := res.Info()
-	if err != nil {
-		return err
-	}
-	if v := info.Metadata[sealed.Meta]; v != "" {
-		if r, err = openSealed(ctx, obs, t.Object, v, res); err != nil {
-			return err
-		}
-	}
+	defer r.Close()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
