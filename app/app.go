@@ -9,15 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -25,10 +21,9 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/metrics"
-	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
-	"github.com/telha/telha-cascade/ui"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -39,13 +34,15 @@ import (
 // Build is set by main from linker flags.
 var Build = metrics.Build{Version: "dev", Revision: "unknown"}
 
-// Options are test seams; production leaves them zero.
+// Options are test seams; production leaves them zero. Most reach each
+// slot the process runs (slotOptions).
 type Options struct {
 	// Clock replaces the wall clock of the store and reaper.
 	Clock storage.Clock
-	// OnReady is called once the worker is ready (consuming; journals a
-	// previous process left may still be resuming in the background).
-	OnReady func(*App)
+	// OnReady is called once a slot is ready (consuming; journals a
+	// previous process left may still be resuming in the background): a
+	// static worker's one, each of a member's as it starts serving.
+	OnReady func(*slot.Slot)
 	// WrapEngine wraps the storage engine (fault injection).
 	WrapEngine func(storage.Engine) storage.Engine
 	// DiskFree replaces the statfs of the disk-space guard.
@@ -61,107 +58,27 @@ type Options struct {
 	// TracerProvider, when set, receives the spans (tests: an in-memory
 	// exporter); nil: --otlp-endpoint decides.
 	TracerProvider trace.TracerProvider
-	// SlotView, set by a dynamic member for its slots' cores, lists every
-	// slot of the group for the status page's overview.
-	SlotView func() []ui.SlotRow
-	// StandbyApplied, set by a dynamic member, returns the applied
-	// changelog sequences of the slot's standbys that are tailing: a
-	// scheduled checkpoint purges the changelog only below what they
-	// still need (they would otherwise restore a checkpoint again).
-	StandbyApplied func() []uint64
 	// CopyScrubStep, when set, is called at each step of an erase's scrub
-	// of the copies that runs beside the writer ("checkpointed": after step
-	// 1; "purged": after step 3), on the scrub's goroutine (tests hold it
-	// there).
+	// of the copies that runs beside the writer (slot.Options).
 	CopyScrubStep func(step string)
 	// CopyScrubbed, when set, receives the cost of every finished scrub of
 	// the copies (cmd/bench).
-	CopyScrubbed func(ScrubStatus)
-	// OnStartPhase, set by a dynamic member for its slots' cores, is told
-	// what the start is doing until the core is ready, and what it
-	// retries and why (the member's /readyz names a slot still starting).
-	OnStartPhase func(phase string)
-	// Host, set by a dynamic member for its slots' cores, gives the
-	// status page the member's figures and the group.
-	Host *Host
-	// Conn, set by a dynamic member for its slots' cores, is the
-	// process's NATS connection: the core uses it (one connection per
-	// process, not per slot), flushes it when it stops and never closes
-	// it.
-	Conn *nats.Conn
-	// auth, set by a dynamic member for its slots' cores, is the member's
-	// access control (one tokens file read and watched per process).
-	auth *api.Auth
+	CopyScrubbed func(slot.ScrubStatus)
 	// beforeStandbyApply, when set (tests), is called by a member's
 	// standby before it applies each write-set; it may block.
 	beforeStandbyApply func(slot int, seq uint64)
-}
-
-// deniedReasons are the reasons of telha_api_denied_total.
-var deniedReasons = []string{"unauthenticated", "forbidden_tenant", "forbidden_role", "loopback_only"}
-
-// Host is what a member gives its slots' status page (Options.Host): the
-// figures of the member, whichever of its slots serves the page.
-type Host struct {
-	Started time.Time
-	// RequestCounts is telha_requests_total by status, summed over the
-	// member's slots (a slot that moves away takes its counts with it).
-	RequestCounts func() (map[string]float64, error)
-	// StoreBytes is the size of every copy on the member's disk.
-	StoreBytes func() uint64
-	// Group is the group as the status page served by slot page shows it.
-	Group func(page int) *ui.Group
-}
-
-// App is a running worker.
-type App struct {
-	cfg     Config
-	log     *slog.Logger
-	store   *storage.Store
-	auth    *api.Auth
-	uiH     atomic.Pointer[http.Handler]
-	lastRun atomic.Pointer[reaperRun]
-	tracer  trace.TracerProvider
-	ops     *cascade.Ops
-	metrics *metrics.Metrics
-	// conn is the worker's own NATS connection (nil for a member's slot);
-	// nc is conn's, or the member's (Options.Conn), which is not closed
-	// here.
-	conn *natsConn
-	nc   *nats.Conn
-	// host: Options.Host (nil for a static worker).
-	host   *Host
-	worker *queue.Worker
-	reaper *reaper.Service
-	// changelog is nil with --changelog off (changelog.go).
-	changelog *changelog
-	// slotView, standbyApplied: Options.SlotView, Options.StandbyApplied
-	// (nil in the static layout).
-	slotView       func() []ui.SlotRow
+	// standbyApplied, when set (tests), stands for a static worker's
+	// standbys (slot.Options.StandbyApplied; a member sets its own).
 	standbyApplied func() []uint64
-	// startPhase says what startup is doing while the store is not open
-	// (readiness); onPhase is Options.OnStartPhase.
-	startPhase atomic.Pointer[string]
-	onPhase    func(string)
+}
 
-	httpLn, apiLn net.Listener
-	servers       []*http.Server
-	// hosted is a member's slot's whole HTTP (it binds no port; nil
-	// otherwise): the member's server calls it (serveHosted).
-	hosted http.Handler
-	// httpCtx is the base context of every HTTP request: close cancels it
-	// first, so reads waiting (?wait=, a journal) answer at once, and
-	// inflight counts the handlers still running, so the store closes
-	// only once none is.
-	httpCtx     context.Context
-	httpStop    context.CancelFunc
-	inflight    inflight
-	onStoreOpen []func()
-	storeOpen   atomic.Bool
-	startupDone atomic.Bool
-	// resuming: the startup pass still resumes, in the background, journals
-	// a previous process left (a note on /readyz, not a reason).
-	resuming atomic.Bool
+// slotOptions are what every slot of this process is given: the seams,
+// and the process's build and runtime tuning.
+func (o Options) slotOptions(tracer trace.TracerProvider) slot.Options {
+	return slot.Options{Build: Build, Tracer: tracer, Applying: Applying,
+		Clock: o.Clock, OnReady: o.OnReady, WrapEngine: o.WrapEngine, DiskFree: o.DiskFree, CascadeHooks: o.CascadeHooks,
+		ReaperHooks: o.ReaperHooks, OnWriterTask: o.OnWriterTask, CopyScrubStep: o.CopyScrubStep, CopyScrubbed: o.CopyScrubbed,
+		StandbyApplied: o.standbyApplied}
 }
 
 // NewLogger builds the process logger from the configuration.
@@ -175,342 +92,63 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-// HTTPAddr is the bound address of the HTTP server (useful with :0); ""
-// for a member's slot, which binds none.
-func (a *App) HTTPAddr() string {
-	if a.httpLn == nil {
-		return ""
-	}
-	return a.httpLn.Addr().String()
-}
-
-// serveHosted answers r with a member's slot, in process: the member's
-// HTTP server found the slot. It returns false, having written nothing,
-// when the slot is stopping (its handlers drained): the member routes the
-// request again. The request also ends when the slot closes (a read
-// waiting for safe time or a journal answers then, as on a port of its
-// own).
-func (a *App) serveHosted(w http.ResponseWriter, r *http.Request) bool {
-	if a.hosted == nil || !a.inflight.enter() {
-		return false
-	}
-	defer a.inflight.leave()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(a.httpCtx, cancel)()
-	a.hosted.ServeHTTP(w, r.WithContext(ctx))
-	return true
-}
-
-// APIAddr is the bound address of the separate read-API server, if any.
-func (a *App) APIAddr() string {
-	if a.apiLn == nil {
-		return ""
-	}
-	return a.apiLn.Addr().String()
-}
-
-// NATSURL is the URL the worker is connected to.
-func (a *App) NATSURL() string { return a.nc.ConnectedUrl() }
-
-// Store returns the store (tests).
-func (a *App) Store() *storage.Store { return a.store }
-
-// Ops returns the cascade engine (tests).
-func (a *App) Ops() *cascade.Ops { return a.ops }
-
-// Metrics returns the metrics (tests).
-func (a *App) Metrics() *metrics.Metrics { return a.metrics }
-
-// Worker returns the queue worker (tests).
-func (a *App) Worker() *queue.Worker { return a.worker }
-
-// Ready reports readiness: Pebble open, NATS connected, consumer started;
-// a paused consumer and a startup resume still running in the background
-// are notes, not reasons (ready all the same: only the fenced nodes wait).
-func (a *App) Ready() (bool, []string) {
-	var why []string
-	if !a.storeOpen.Load() {
-		why = append(why, "store: not open")
-		if p := a.startPhase.Load(); p != nil {
-			why = append(why, *p)
-		}
-	}
-	if a.nc == nil || !a.nc.IsConnected() {
-		why = append(why, "nats: not connected")
-	}
-	if !a.startupDone.Load() {
-		why = append(why, "startup: not consuming yet")
-	}
-	if a.storeOpen.Load() {
-		if free, err := a.store.DiskFree(); err == nil && a.cfg.MinFreeDiskMB > 0 && free < uint64(a.cfg.MinFreeDiskMB)<<20 {
-			why = append(why, fmt.Sprintf("storage: disk full (%d bytes free, reserve %d MiB)", free, a.cfg.MinFreeDiskMB))
-		}
-	}
-	ok := len(why) == 0
-	// A paused consumer is healthy: still ready, and /readyz says so.
-	if a.startupDone.Load() { // a.worker is set before (and read after) this store
-		if p := a.worker.PauseState(); p.Paused {
-			why = append(why, fmt.Sprintf("consumer %s: %s (enqueue resume, or the status page, resumes it)", p.Consumer, p))
-		}
-		if n := a.store.Journals().Len(); n > 0 && a.resuming.Load() {
-			why = append(why, fmt.Sprintf("startup: resuming %d journals in the background (requests touching their nodes wait)", n))
-		}
-	}
-	return ok, why
-}
-
-// Run runs the worker until ctx is done, then shuts down in order: stop
-// fetching and finish what is held (ack); stop HTTP (stop accepting,
-// cancel the reads still waiting, wait for every handler); stop the
-// reaper, pausing journal appliers between chunks (journals stay durable);
-// close NATS; close Pebble. It returns nil after a clean shutdown.
+// Run runs the worker until ctx is done, then shuts down in order (each
+// slot as slot.Run says; then NATS, and the embedded server last). It
+// returns nil after a clean shutdown.
 //
-// With --partition-owner dynamic, the process is a member (runMember),
-// which hosts the slots the group gives it, each a replica run as below
-// on the member's connection and HTTP server.
+// A static worker (--partition-owner i/N) hosts one slot, i of N, with a
+// connection and HTTP servers of its own (runStatic). With
+// --partition-owner dynamic, the process is a member (runMember), which
+// hosts the slots the group gives it on one connection and one HTTP
+// server.
 func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
 	if cfg.Member.Dynamic {
 		return runMember(ctx, cfg, log, opts)
 	}
-	return runReplica(ctx, cfg, log, opts)
+	return runStatic(ctx, cfg, log, opts)
 }
 
-// runReplica runs one replica: a static worker (i/N: its own NATS
-// connection and HTTP servers) or a member's slot (cfg.slotCore: the
-// member's connection, opts.Conn, and no port of its own).
-func runReplica(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
-	a := &App{cfg: cfg, log: log, slotView: opts.SlotView, standbyApplied: opts.StandbyApplied, onPhase: opts.OnStartPhase, host: opts.Host,
-		nc: opts.Conn}
-	defer func() {
-		if cerr := a.close(); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
-	a.metrics = metrics.New(Build, metrics.Labels{
-		Ops: opNames(), Statuses: queue.Statuses(), UnknownOpStatuses: queue.UnknownOpStatuses(), DeadLetterReasons: queue.DeadLetterReasons(),
-		DeniedReasons: deniedReasons,
-		Paths:         []string{string(cascade.PathInline), string(cascade.PathJournaled)},
-	})
-
+// runStatic hosts the one slot of a static worker: HTTP first (the
+// probes answer while a long start runs), NATS when the slot first needs
+// it (Options.Dial), the embedded server shut down after the slot closed.
+func runStatic(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
 	tp, stopTracing, err := tracerFor(opts, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer stopTracing()
-	a.tracer = tp
-	a.auth = opts.auth // a member's, checked and counted once for all its slots
-	if a.auth == nil {
-		auth, err := api.NewAuth(api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log, Denied: a.metrics.Denied})
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrUsage, err)
-		}
-		a.auth = auth
-	}
-	if !cfg.slotCore { // a member says these once, not once per slot
-		logStartChoices(log, cfg, a.auth.Mode())
-	}
-
-	// HTTP first: /healthz answers while a long startup resume runs.
-	if err := a.listen(); err != nil {
-		return err
-	}
-
-	sizes := storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20}
-	var durable storage.Durable
-	var copies storage.CopyScrubber
-	if cfg.Changelog == ChangelogJetStream {
-		// The changelog needs NATS before the store opens: the store is
-		// rebuilt from it (restore, replay) and then commits through it.
-		if a.nc == nil {
-			if err := a.connect(ctx); err != nil {
-				if ctx.Err() != nil {
-					return fatalOrNil(ctx)
-				}
-				return err
-			}
-			cfg.StreamReplicas = a.cfg.StreamReplicas
-		}
-		a.setPhase("changelog: opening its stream and the checkpoint bucket")
-		cl, err := a.openChangelog(ctx)
-		if err != nil || cl == nil {
-			return err // nil: ctx ended first
-		}
-		a.setPhase("changelog: restoring and replaying before serving")
-		if err := cl.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), sizes); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		cl.scrubStep, cl.scrubFailed = opts.CopyScrubStep, a.metrics.ScrubFailed
-		cl.scrubbedHook = func(s ScrubStatus) {
-			a.metrics.Scrubbed(s.Took, s.WriterHeld, s.BytesUploaded, s.BytesCollected)
-			if opts.CopyScrubbed != nil {
-				opts.CopyScrubbed(s)
-			}
-		}
-		a.changelog, durable, copies = cl, cl.cl, cl
-	}
-	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
-		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
-		OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
-			a.metrics.WriterTask(l.String(), wait, run)
-			if opts.OnWriterTask != nil {
-				opts.OnWriterTask(l, wait, run)
-			}
-		},
-		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
-		Sizes: sizes, Durable: durable, Copies: copies,
-	})
-	if err != nil {
-		return err
-	}
-	a.store = st
-	a.storeOpen.Store(true)
-	// A fatal storage error ends Run with storage.ErrFatal at once: Pebble
-	// can commit nothing more, so there is nothing to drain.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-st.Fatal():
-			cancel(st.FatalErr())
-		case <-ctx.Done():
+	var conn *natsConn
+	defer func() {
+		if conn != nil {
+			conn.shutdown() // the embedded server, after the store closed
 		}
 	}()
-	for _, fn := range a.onStoreOpen {
-		fn()
-	}
-	if a.changelog != nil {
-		if st.DB() == nil {
-			return errors.New("changelog: the store has no Pebble database to checkpoint")
+	so := opts.slotOptions(tp)
+	so.AuthConfig = api.AuthConfig{Mode: cfg.AuthMode(), TokensFile: cfg.AuthTokensFile, Logger: log}
+	so.Dial = func(ctx context.Context) (*nats.Conn, int, error) {
+		c, err := dial(ctx, &cfg, log)
+		if c != nil {
+			conn = c // shut down at the end even when the connection failed
 		}
-		if err := a.changelog.start(st.DB()); err != nil {
-			return fmt.Errorf("%w: %v", ErrUsage, err)
+		if err != nil {
+			return nil, 0, err
+		}
+		return c.nc, cfg.StreamReplicas, nil
+	}
+	so.CloseConn = func() {
+		if conn != nil {
+			conn.drain()
 		}
 	}
-
-	if a.nc == nil {
-		if err := a.connect(ctx); err != nil {
-			if ctx.Err() != nil { // SIGTERM while the embedded server started
-				return fatalOrNil(ctx)
-			}
-			return err
-		}
-		cfg.StreamReplicas = a.cfg.StreamReplicas
-	}
-	qcfg := cfg.queueConfig()
-	qcfg.TracerProvider = a.tracer
-	// A member created the streams before its slots started
-	// (provisionShared): a slot creates its consumer only.
-	qcfg.StreamsProvisioned = cfg.slotCore
-	pub, err := queue.NewPublisher(a.nc, qcfg)
+	s, err := slot.New(cfg.Config, log, so)
 	if err != nil {
 		return err
 	}
-	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.wiredCascadeHooks(opts.CascadeHooks)}
-	rp, err := reaper.New(st, reaper.Config{
-		Applier: cascade.NewApplier(st, copts), Publisher: pub, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
-		Clock: opts.Clock, Logger: log, Hooks: a.wiredReaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
-	})
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUsage, err)
+	logStartChoices(log, cfg, cfg.AuthMode())
+	if err := listen(s, cfg); err != nil {
+		return errors.Join(err, s.Close())
 	}
-	a.reaper = rp
-	copts.Journals, copts.Erases = rp, rp
-	a.ops = cascade.New(st, copts)
-	log.Info("store open", "dir", filepath.Join(cfg.DataDir, "pebble"), "tenants", len(st.Tenants()), "journals", st.Journals().Len(),
-		"max_batch_ops", a.ops.MaxBatchOps(), "chunk_ops", a.ops.ChunkOps())
-
-	w, err := queue.New(a.nc, a.ops, qcfg, queue.Hooks{Result: a.metrics.Request, Acked: a.metrics.Acked, DeadLetter: a.metrics.DeadLetter, DeadLetterFailed: a.metrics.DeadLetterFailed,
-		DeadLetterResultFailed: a.metrics.DeadLetterResultFailed, Queued: a.metrics.Queued}, log)
-	if err != nil {
-		return err
-	}
-	a.worker = w
-	uh := a.uiHandler()
-	a.uiH.Store(&uh)
-	a.metrics.AttachState(a.metricsState())
-
-	a.setPhase("queue: provisioning the streams and the consumer")
-	if err := a.provision(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil { // SIGTERM (or a fatal error) while provisioning
-		return fatalOrNil(ctx)
-	}
-
-	// Startup pass, in the background: every journal a previous process
-	// left is resumed by the reaper's appliers (bounded as any) while the
-	// worker consumes, and the results of finished ones published. Their
-	// fences were loaded with the store, so only requests touching their
-	// nodes wait (writes: cascade_in_flight; reads: below the journal, or a
-	// wait). SIGTERM pauses the appliers between chunks (the reaper's Stop).
-	rp.Start()
-	if n := st.Journals().Len(); n > 0 {
-		log.Info("startup resume: resuming journals in the background", "journals", n)
-	}
-	a.resuming.Store(true)
-	if !rp.StartResume(func(res reaper.RunResult) {
-		a.resuming.Store(false)
-		if errors.Is(res.Err, context.Canceled) { // the reaper stopped mid-pass
-			log.Info("startup resume paused by shutdown; the next start resumes the rest", "resumed", res.Resumed, "took", res.Took)
-			return
-		}
-		log.Info("startup resume finished", "resumed", res.Resumed, "poison", res.Poison, "failed", res.Failed, "published", res.Published, "took", res.Took)
-	}) {
-		a.resuming.Store(false)
-	}
-
-	var bg sync.WaitGroup
-	bgCtx, stopBG := context.WithCancel(context.Background())
-	bg.Add(1)
-	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
-	defer func() { stopBG(); bg.Wait() }()
-
-	a.startupDone.Store(true)
-	if cfg.slotCore {
-		// The core's HTTP is the member's internal loopback port, not one
-		// to curl: the member's "joining" line names the member's.
-		log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions))
-	} else {
-		log.Info("ready", "partitions", cfg.Partitions, "owner", cfg.Owner.String(), "owned", cfg.Owner.Partitions(cfg.Partitions), "http", a.HTTPAddr())
-	}
-	if opts.OnReady != nil {
-		opts.OnReady(a)
-	}
-	done := make(chan error, 1)
-	// The drain applies what it holds with work: SIGTERM (ctx) does not
-	// cancel it; any return from here (the grace ran out, a fatal storage
-	// error) does, before the store closes.
-	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWork()
-	go func() { done <- w.RunUntil(ctx, work) }()
-	var grace <-chan time.Time
-	stopping := ctx.Done()
-	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				return err
-			}
-			log.Info("stopped consuming; shutting down")
-			return nil
-		case <-st.Fatal():
-			// The worker may be parked on the writer for good: do not wait.
-			return st.FatalErr()
-		case <-stopping:
-			log.Info("draining: finishing the requests held, then stopping", "grace", cfg.ShutdownGrace)
-			grace = time.After(cfg.ShutdownGrace)
-			stopping = nil // from now on: done, grace or fatal
-		case <-grace:
-			// Whatever is still held is unacked and comes back to the next
-			// worker; journals stay durable.
-			log.Error("drain outlasted --shutdown-grace; exiting with work in flight (it will be redelivered)", "grace", cfg.ShutdownGrace)
-			return nil
-		}
-	}
+	return s.Run(ctx)
 }
 
 // logStartChoices says, once at start, what the flags left to defaults and
@@ -529,246 +167,22 @@ func logStartChoices(log *slog.Logger, cfg Config, mode api.AuthMode) {
 	}
 }
 
-// fatalOrNil returns the fatal storage error that ended ctx, if that is
-// what ended it.
-func fatalOrNil(ctx context.Context) error {
-	if err := context.Cause(ctx); errors.Is(err, storage.ErrFatal) {
-		return err
-	}
-	return nil
-}
-
-// queueConfig is the configuration of the queue (streams, consumer) of
-// this replica, without its tracer.
-func (c Config) queueConfig() queue.Config {
-	return queue.Config{
-		Partitions: c.Partitions, Owner: c.Owner, MaxDeliver: c.MaxDeliver, MaxDeaths: c.MaxDeaths, AckWait: c.AckWait,
-		GroupMax: c.GroupMax, GroupWait: c.GroupWait, ResultsMaxAge: c.ResultsMaxAge, DLQMaxAge: c.DLQMaxAge, StreamReplicas: c.StreamReplicas,
-		SecureDeleteAcked: c.SecureDeleteRequests, ResultsMaxBytes: c.ResultsMaxBytes, DLQMaxBytes: c.DLQMaxBytes,
-		ResultsMaxPerTenant: perTenant(c.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(c.DLQMaxPerTenant),
-	}
-}
-
-func opNames() []string {
-	var out []string
-	for _, o := range storage.Ops() {
-		out = append(out, o.String())
-	}
-	return out
-}
-
-func (a *App) cascadeHooks(next cascade.Hooks) cascade.Hooks {
-	return cascade.Hooks{
-		CascadeFinished: func(p cascade.Path, edges uint64, took time.Duration) {
-			a.metrics.Cascade(string(p), edges)
-			if next.CascadeFinished != nil {
-				next.CascadeFinished(p, edges, took)
-			}
-		},
-		ChunkApplied: func(ops int) {
-			a.metrics.Chunk()
-			if next.ChunkApplied != nil {
-				next.ChunkApplied(ops)
-			}
-		},
-		JournalStep: next.JournalStep,
-	}
-}
-
-func (a *App) reaperHooks(next reaper.Hooks) reaper.Hooks {
-	return reaper.Hooks{
-		Run: func(res reaper.RunResult) {
-			a.lastRun.Store(&reaperRun{at: time.Now(), res: res})
-			switch {
-			case res.Skipped:
-				a.metrics.ReaperRun(metrics.ReaperSkipped, 0)
-			case res.Err != nil:
-				a.metrics.ReaperRun(metrics.ReaperError, res.Resumed)
-			default:
-				a.metrics.ReaperRun(metrics.ReaperOK, res.Resumed)
-			}
-			if next.Run != nil {
-				next.Run(res)
-			}
-		},
-		Finished: func(e *storage.JournalEntry, rc storage.Receipt, err error) {
-			a.uiJournalFinished(e, rc, err) // the status page's recently finished journals
-			if next.Finished != nil {
-				next.Finished(e, rc, err)
-			}
-		},
-		Applying: func(e *storage.JournalEntry, applying bool) {
-			Applying(applying)
-			if next.Applying != nil {
-				next.Applying(e, applying)
-			}
-		},
-		OutboxParked: func(tenant, requestID string, err error) {
-			a.metrics.ResultParked()
-			if next.OutboxParked != nil {
-				next.OutboxParked(tenant, requestID, err)
-			}
-		},
-		Published: func(tenant string, rc storage.Receipt) {
-			a.metrics.Request(rc.Op.String(), rc.Status.String())
-			if next.Published != nil {
-				next.Published(tenant, rc)
-			}
-		},
-	}
-}
-
-// metricsState gives the scrape-time gauges their sources.
-func (a *App) metricsState() metrics.State {
-	return metrics.State{
-		Journals: func() metrics.JournalSummary {
-			s := a.reaper.Summarize()
-			return metrics.JournalSummary{InFlight: s.InFlight, Oldest: s.Oldest, Poison: s.Poison, OutboxParked: s.OutboxParked}
-		},
-		Queue: func() metrics.QueueStats {
-			s := a.worker.Stats()
-			if s == nil {
-				return metrics.QueueStats{}
-			}
-			return metrics.QueueStats{Pending: s.Pending, AckPending: s.AckPending, Redelivered: s.Redelivered, OK: true, At: s.At, Oldest: s.Oldest,
-				Paused: a.worker.PauseState().Paused}
-		},
-		DiskFree: a.store.DiskFree,
-		Pebble: func() metrics.PebbleStats {
-			pm := a.store.Engine().Metrics()
-			n, d := a.store.WriteStalls()
-			return metrics.PebbleStats{CompactionDebt: pm.Compact.EstimatedDebt, L0Files: pm.Levels[0].TablesCount,
-				L0Sublevels: pm.Levels[0].Sublevels, DiskBytes: pm.DiskSpaceUsage(), Stalls: n, StallTime: d}
-		},
-	}
-}
-
-// journals is /v1/journals, from the journals' owner.
-func (a *App) journals() []api.Journal {
-	out := []api.Journal{}
-	if a.reaper == nil {
-		return out
-	}
-	for _, st := range a.reaper.Journals() {
-		j := api.Journal{Tenant: st.Scope.Tenant(), RequestID: st.RequestID, EdgesDone: st.EdgesDone, AgeSeconds: st.Age.Seconds(),
-			State: string(st.State), Failures: st.Failures, LastError: st.LastError, Key: st.Key}
-		if st.State != reaper.StatePoison {
-			tx, ve := st.Tx.Time().Format(storage.TimeLayout), st.ValidEnd.Time().Format(storage.TimeLayout)
-			j.NodeID, j.TxTime, j.ValidEnd = st.NodeID.String(), &tx, &ve
-		}
-		if st.EdgesTotal > 0 {
-			j.EdgesTotal = uint64(st.EdgesTotal)
-		}
-		if st.State == reaper.StateWaiting {
-			j.WaitingFor = st.WaitingFor.String()
-		}
-		out = append(out, j)
-	}
-	return out
-}
-
-func (a *App) refreshStats(ctx context.Context) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_ = a.worker.RefreshStats(c)
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (a *App) listen() error {
-	a.httpCtx, a.httpStop = context.WithCancel(context.Background())
-	if a.cfg.slotCore {
-		// A member's slot binds no port: the member's HTTP server calls
-		// it in process (serveHosted).
-		a.hosted = a.handler(true, true)
-		return nil
-	}
-	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+// listen binds a static worker's HTTP servers (--http-addr, and
+// --api-addr when the read API has its own) and serves s on them.
+func listen(s *slot.Slot, cfg Config) error {
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return fmt.Errorf("listen on --http-addr %s: %w", a.cfg.HTTPAddr, err)
+		return fmt.Errorf("listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
-	a.httpLn = ln
-	a.serve(ln, a.handler(true, a.cfg.APIAddr == ""))
-	if a.cfg.APIAddr != "" && a.cfg.APIAddr != "off" {
-		ln, err := net.Listen("tcp", a.cfg.APIAddr)
+	s.Serve(ln, true, cfg.APIAddr == "")
+	if cfg.APIAddr != "" && cfg.APIAddr != "off" {
+		ln, err := net.Listen("tcp", cfg.APIAddr)
 		if err != nil {
-			return fmt.Errorf("listen on --api-addr %s: %w", a.cfg.APIAddr, err)
+			return fmt.Errorf("listen on --api-addr %s: %w", cfg.APIAddr, err)
 		}
-		a.apiLn = ln
-		a.serve(ln, a.handler(false, true))
+		s.Serve(ln, false, true)
 	}
 	return nil
-}
-
-// handler is what an HTTP server of the worker serves: health (the
-// probes and /metrics) and the read API with the status page, as asked.
-// The store opens after the listener (so the probes answer during a long
-// startup); until then only health and metrics answer, and /v1/... gets
-// 503. The body is bounded.
-func (a *App) handler(health, readAPI bool) http.Handler {
-	early := api.Handler(nil, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health})
-	var full atomic.Pointer[http.Handler]
-	a.onStoreOpen = append(a.onStoreOpen, func() {
-		h := api.Handler(a.store, api.Options{Ready: a.Ready, Metrics: a.metrics.Handler(), Health: health, ReadAPI: readAPI, Logger: a.log, Journals: a.journals,
-			Auth: a.auth,
-			Partitions: func() api.Partitions {
-				return api.Partitions{Partitions: a.cfg.Partitions, Replica: a.cfg.Owner.Index, Replicas: a.cfg.Owner.Count,
-					Owned: a.cfg.Owner.Partitions(a.cfg.Partitions),
-					Rule:  "a tenant's partition is fnv1a32(tenant) % partitions; replica i of N owns the partitions p with p % N == i"}
-			}})
-		full.Store(&h)
-	})
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h := full.Load(); h != nil {
-			(*h).ServeHTTP(w, r)
-			return
-		}
-		if readAPI && strings.HasPrefix(r.URL.Path, "/v1/") {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, `{"error":"starting: the store is not open yet"}`+"\n")
-			return
-		}
-		early.ServeHTTP(w, r)
-	})
-	var served http.Handler = handler
-	if readAPI {
-		served = withUI(handler, func() http.Handler {
-			if h := a.uiH.Load(); h != nil {
-				return *h
-			}
-			return nil
-		})
-	}
-	return http.MaxBytesHandler(served, 1<<20)
-}
-
-// serve starts an HTTP server of h on ln; its requests count in inflight
-// and their contexts end when the worker closes (httpCtx).
-func (a *App) serve(ln net.Listener, h http.Handler) {
-	srv := &http.Server{
-		Handler:           a.inflight.wrap(h),
-		BaseContext:       func(net.Listener) context.Context { return a.httpCtx },
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
-	}
-	a.servers = append(a.servers, srv)
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("http server", "addr", ln.Addr().String(), "err", err)
-		}
-	}()
 }
 
 // natsConn is a process's NATS connection, and the embedded server it
@@ -777,20 +191,6 @@ type natsConn struct {
 	nc     *nats.Conn
 	ns     *server.Server
 	closed chan struct{} // closed by the connection's ClosedHandler
-}
-
-// connect connects the worker (a static replica; a member's slot gets the
-// member's: Options.Conn).
-func (a *App) connect(ctx context.Context) error {
-	c, err := dial(ctx, &a.cfg, a.log)
-	if c != nil {
-		a.conn = c // closed by close even when the connection failed
-	}
-	if err != nil {
-		return err
-	}
-	a.nc = c.nc
-	return nil
 }
 
 // dial connects to --nats-url, or starts the embedded server and connects
@@ -844,7 +244,7 @@ func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error)
 			// With the changelog on, the local commit is not fsynced: the
 			// changelog is the durable copy, so the server must fsync it
 			// before it acks (sync_interval: always).
-			SyncAlways: cfg.Changelog == ChangelogJetStream,
+			SyncAlways: cfg.Changelog == slot.ChangelogJetStream,
 		}, cfg.NATSListen)
 		if err != nil {
 			return nil, err
@@ -964,179 +364,6 @@ func tlsConfig(c Config) (*tls.Config, error) {
 	return tc, nil
 }
 
-// slotProvisionMu serialises the provisioning of a member's slot cores
-// and of the streams they share (memberRun.provisionShared).
-var slotProvisionMu sync.Mutex
-
-// provision creates the streams and consumer, retrying while NATS is
-// unreachable (an external cluster may start after the worker).
-func (a *App) provision(ctx context.Context) error {
-	delay := 500 * time.Millisecond
-	for {
-		var err error
-		if a.nc.IsConnected() {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if a.cfg.slotCore {
-				// A member's cores create their consumers one at a time,
-				// and never while a member of this process provisions the
-				// streams: nats-server v2.15 races (go test -race,
-				// embedded) between a stream's config update and a
-				// consumer's creation on it.
-				slotProvisionMu.Lock()
-			}
-			err = a.worker.Provision(pctx)
-			if a.cfg.slotCore {
-				slotProvisionMu.Unlock()
-			}
-			cancel()
-			if err == nil {
-				return nil
-			}
-		} else {
-			// Not connected (yet): a JetStream call would only wait for its
-			// timeout; the connection attempts log their own causes.
-			err = errors.New("nats: not connected")
-		}
-		if errors.Is(err, queue.ErrPartitionsChanged) {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		a.log.Warn("provisioning streams failed; retrying", "err", err, "in", delay)
-		a.setPhase(fmt.Sprintf("queue: provisioning the streams failed, retrying in %s: %v", delay, err))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 10*time.Second)
-	}
-}
-
-// setPhase records what the start is doing, or what it retries and why
-// (readiness; Options.OnStartPhase).
-func (a *App) setPhase(p string) {
-	a.startPhase.Store(&p)
-	if a.onPhase != nil {
-		a.onPhase(p)
-	}
-}
-
-func (a *App) close() error {
-	var errs []error
-	fatal := a.store != nil && a.store.FatalErr() != nil
-	// HTTP first: stop accepting, and cancel the readers' contexts so a
-	// read waiting for safe time or a journal (up to 30 s) answers now
-	// instead of holding the shutdown, or running on after the store
-	// closed. Then wait for every handler (bounded).
-	handlersDone := true
-	if a.httpStop != nil {
-		a.httpStop()
-		for _, srv := range a.servers {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := srv.Shutdown(ctx); err != nil {
-				_ = srv.Close()
-			}
-			cancel()
-		}
-		select {
-		case <-a.inflight.drain():
-		case <-time.After(5 * time.Second):
-			handlersDone = false
-			a.log.Error("HTTP handlers still running past the shutdown bound; the store is left open for the process exit to release", "handlers", a.inflight.count())
-		}
-	}
-	if a.changelog != nil {
-		// Before the store closes: a checkpoint running reads it.
-		a.changelog.stopCheckpoints(!fatal)
-	}
-	if a.reaper != nil && !fatal {
-		// Appliers stop between chunks; their journals stay durable. The
-		// outbox is published one last time.
-		a.reaper.Stop()
-	}
-	if a.conn != nil {
-		a.conn.drain()
-	} else if a.nc != nil {
-		// The member's connection: send what this core published (acks,
-		// results) and leave it open for the member's other slots.
-		if err := a.nc.FlushTimeout(5 * time.Second); err != nil {
-			a.log.Warn("flushing the member's NATS connection", "err", err)
-		}
-	}
-	if a.store != nil && !fatal && handlersDone {
-		if err := a.store.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if a.conn != nil {
-		a.conn.shutdown()
-	}
-	return errors.Join(errs...)
-}
-
-// inflight counts the HTTP handlers running; once drained it refuses new
-// ones (503), so its count only falls.
-type inflight struct {
-	mu     sync.Mutex
-	n      int
-	closed bool
-	zero   chan struct{} // closed when n reaches 0 after drain
-}
-
-func (f *inflight) wrap(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !f.enter() {
-			w.Header().Set("Connection", "close")
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-			return
-		}
-		defer f.leave()
-		h.ServeHTTP(w, r)
-	})
-}
-
-func (f *inflight) enter() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return false
-	}
-	f.n++
-	return true
-}
-
-func (f *inflight) leave() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.n--
-	if f.n == 0 && f.zero != nil {
-		close(f.zero)
-		f.zero = nil
-	}
-}
-
-// drain refuses new handlers and returns a channel closed once none runs.
-func (f *inflight) drain() <-chan struct{} {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.closed = true
-	ch := make(chan struct{})
-	if f.n == 0 {
-		close(ch)
-	} else {
-		f.zero = ch
-	}
-	return ch
-}
-
-func (f *inflight) count() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n
-}
-
 // newOTLP is the OTLP/HTTP trace exporter behind a batching provider.
 // tracerFor returns the tracer provider of a process: opts' if set, else
 // one exporting to --otlp-endpoint (nil when it is empty), and the func
@@ -1244,31 +471,4 @@ func (l *natsLog) Fatalf(format string, v ...any) {
 	case l.fatal <- msg:
 	default:
 	}
-}
-
-// wiredCascadeHooks are the cascade hooks the worker runs with: its own,
-// each calling next's after it, and every other hook of next as it is
-// (Options: the caller's hooks are all called).
-func (a *App) wiredCascadeHooks(next cascade.Hooks) cascade.Hooks {
-	return withNextHooks(a.cascadeHooks(next), next)
-}
-
-// wiredReaperHooks: wiredCascadeHooks for the reaper.
-func (a *App) wiredReaperHooks(next reaper.Hooks) reaper.Hooks {
-	return withNextHooks(a.reaperHooks(next), next)
-}
-
-// withNextHooks returns own with each of its nil func fields taken from
-// next: a hook the worker does not observe is the caller's alone. own's
-// hooks call next's themselves. (Reflection, so that a hook added to
-// cascade.Hooks or reaper.Hooks later is passed on without anyone
-// remembering to: TestOptionsHooksAreAllCalled.)
-func withNextHooks[H any](own, next H) H {
-	ov, nv := reflect.ValueOf(&own).Elem(), reflect.ValueOf(next)
-	for i := 0; i < ov.NumField(); i++ {
-		if f := ov.Field(i); f.Kind() == reflect.Func && f.IsNil() {
-			f.Set(nv.Field(i))
-		}
-	}
-	return own
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -423,23 +424,23 @@ func TestAppliedKeyIsPartitions(t *testing.T) {
 func TestChangelogFlags(t *testing.T) {
 	cfg, err := ParseFlags(nil, func(string) string { return "" }, io.Discard)
 	// --stream-replicas 0: settled when the worker connects (ResolveReplicas).
-	if err != nil || cfg.Changelog != ChangelogOff || cfg.CheckpointSchedule != "@every 10m" || cfg.CheckpointsKeep != 2 || cfg.changelogReplicas() != 0 {
+	if err != nil || cfg.Changelog != slot.ChangelogOff || cfg.CheckpointSchedule != "@every 10m" || cfg.CheckpointsKeep != 2 || cfg.LogReplicas() != 0 {
 		t.Fatalf("defaults: %+v %v", cfg, err)
 	}
-	if n, _ := cfg.ResolveReplicas(5); n != 3 || cfg.changelogReplicas() != 3 {
+	if n, _ := cfg.ResolveReplicas(5); n != 3 || cfg.LogReplicas() != 3 {
 		t.Fatalf("auto replicas with 5 servers known: %d, want 3", n)
 	}
 	env := map[string]string{"TELHA_CHANGELOG": "jetstream", "TELHA_CHANGELOG_REPLICAS": "3", "TELHA_CHECKPOINT_SCHEDULE": "@every 1m", "TELHA_CHECKPOINTS_KEEP": "4"}
 	cfg, err = ParseFlags([]string{"--stream-replicas", "1", "--partitions", "4", "--partition-owner", "2/4"}, func(k string) string { return env[k] }, io.Discard)
-	if err != nil || cfg.Changelog != ChangelogJetStream || cfg.changelogReplicas() != 3 || cfg.CheckpointsKeep != 4 {
+	if err != nil || cfg.Changelog != slot.ChangelogJetStream || cfg.LogReplicas() != 3 || cfg.CheckpointsKeep != 4 {
 		t.Fatalf("from the environment: %+v %v", cfg, err)
 	}
-	if pc, cc := cfg.changelogConfig(), cfg.checkpointConfig(); pc.StreamName() != "TELHA_LOG_STATIC4_2" || pc.Subject() != "telha.static4.log.2" || cc.Bucket != "TELHA_CKPT_STATIC4" {
+	if pc, cc := cfg.ChangelogConfig(), cfg.CheckpointConfig(); pc.StreamName() != "TELHA_LOG_STATIC4_2" || pc.Subject() != "telha.static4.log.2" || cc.Bucket != "TELHA_CKPT_STATIC4" {
 		t.Fatalf("names %s %s %s", pc.StreamName(), pc.Subject(), cc.Bucket)
 	}
 	cfg, _ = ParseFlags([]string{"--stream-replicas", "3"}, func(string) string { return "" }, io.Discard)
-	if cfg.changelogReplicas() != 3 {
-		t.Fatalf("--changelog-replicas 0 follows --stream-replicas: %d", cfg.changelogReplicas())
+	if cfg.LogReplicas() != 3 {
+		t.Fatalf("--changelog-replicas 0 follows --stream-replicas: %d", cfg.LogReplicas())
 	}
 	for _, args := range [][]string{
 		{"--changelog", "kafka"}, {"--changelog-replicas", "6"}, {"--changelog-replicas", "-1"},
@@ -460,7 +461,7 @@ func TestChangelogPurgeWaitsForStandbys(t *testing.T) {
 	var standby atomic.Uint64
 	standby.Store(3)
 	flags := append(append([]string{}, changelogFlags...), "--checkpoints-keep", "1")
-	w := startWorker(t, ns, t.TempDir(), Options{StandbyApplied: func() []uint64 { return []uint64{standby.Load()} }}, flags...)
+	w := startWorker(t, ns, t.TempDir(), Options{standbyApplied: func() []uint64 { return []uint64{standby.Load()} }}, flags...)
 	b := newBus(t, ns)
 	a := &acked{tenant: "floor"}
 	for range 6 {

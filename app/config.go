@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/telha/telha-cascade/api"
 	"io"
 	"math"
 	"net/url"
@@ -13,14 +12,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/telha/telha-cascade/api"
+
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/reaper"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // Config is the worker's configuration, from flags and TELHA_* variables.
 type Config struct {
-	DataDir        string
+	// The slot's configuration (package slot): its store, queue, reaper
+	// and changelog. A static worker runs one slot with it; a member runs
+	// each slot it is given with a copy (memberRun.slotConfig).
+	slot.Config
+
 	HTTPAddr       string
 	APIAddr        string // "" serves the read API on HTTPAddr; "off" disables it
 	NATSURL        string
@@ -31,54 +37,16 @@ type Config struct {
 	NATSTLSCA      string
 	NATSTLSCert    string
 	NATSTLSKey     string
-	Partitions     int
 	PartitionOwner string
-	Owner          queue.Owner
-	MaxBatchOps    int
-	ChunkOps       int
-	ReaperSchedule string
 	LogFormat      string
 	LogLevel       string
-	GroupMax       int
-	GroupWait      time.Duration
-	MaxDeliver     int
-	MaxDeaths      int
-	AckWait        time.Duration
-	ResultsMaxAge  time.Duration
-	DLQMaxAge      time.Duration
-	// Size limits of TELHA_RES and TELHA_DLQ (bytes; messages per tenant
-	// subject, 0: none).
-	ResultsMaxBytes, DLQMaxBytes         int64
-	ResultsMaxPerTenant, DLQMaxPerTenant int64
-	StreamReplicas                       int
 	// Defaulted lists what the layout filled in (layoutDefaults).
 	Defaulted []string
-	// slotCore: this is a member's core of one slot (memberRun.coreConfig),
-	// not a process of its own: what the member logs once is not logged
-	// again per slot.
-	slotCore      bool
-	LeaseTTL      time.Duration
-	ShutdownGrace time.Duration
-	MinFreeDiskMB int
 	// OTLPEndpoint: --otlp-endpoint, or OTEL_EXPORTER_OTLP_ENDPOINT.
 	OTLPEndpoint string
 	// Auth is --auth; AuthTokensFile --auth-tokens-file (see AuthMode).
 	Auth, AuthTokensFile string
-	// SecureDeleteRequests: queue.Config.SecureDeleteAcked.
-	SecureDeleteRequests bool
-	CacheMB              int
-	MemTableMB           int
 	Hostname             string
-	// The changelog (issue 21, step A; changelog.go): --changelog off or
-	// jetstream, its stream's replicas (0: --stream-replicas), the cron
-	// spec of checkpoints and how many are kept.
-	Changelog          string
-	ChangelogReplicas  int
-	CheckpointSchedule string
-	CheckpointsKeep    int
-	// CheckpointUploadRate paces the tables a serving slot's checkpoint or
-	// erase scrub uploads (bytes per second; 0 unpaced).
-	CheckpointUploadRate int64
 	// Member: --partition-owner dynamic and its flags (member_config.go).
 	Member MemberConfig
 
@@ -88,7 +56,8 @@ type Config struct {
 }
 
 // ErrUsage marks a configuration error: the process exits 2 with usage.
-var ErrUsage = errors.New("usage")
+// It is the slot's: a slot's configuration refused at its start is one.
+var ErrUsage = slot.ErrUsage
 
 // ParseFlags reads args, then fills every flag not given on the command
 // line from its environment variable (TELHA_ + the flag name in upper case,
@@ -420,15 +389,6 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
-// perTenant is a per-tenant limit flag as queue.Config takes it (0, no
-// limit, is -1 there).
-func perTenant(n int64) int64 {
-	if n == 0 {
-		return -1
-	}
-	return n
-}
-
 // layoutDefaults fills what the layout implies when it was not given
 // (issue 32 item 2: the common case with fewer flags):
 //   - dynamic ownership implies --changelog jetstream (what lets a slot
@@ -442,7 +402,7 @@ func perTenant(n int64) int64 {
 func layoutDefaults(c *Config, given func(string) bool) {
 	owner := c.PartitionOwner
 	if strings.HasPrefix(owner, "dynamic") && !given("changelog") {
-		c.Changelog = ChangelogJetStream
+		c.Changelog = slot.ChangelogJetStream
 		c.Defaulted = append(c.Defaulted, "--changelog jetstream (dynamic ownership moves slots through their changelogs)")
 	}
 	if _, n, ok := strings.Cut(owner, "/"); ok && !given("partitions") {

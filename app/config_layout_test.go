@@ -4,6 +4,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/telha/telha-cascade/slot"
 )
 
 // TestLayoutDefaults (issue 32 item 2: the common case with fewer flags):
@@ -12,11 +14,11 @@ import (
 func TestLayoutDefaults(t *testing.T) {
 	none := func(string) string { return "" }
 	cfg, err := ParseFlags([]string{"--partition-owner", "dynamic/4", "--nats-url", "nats://127.0.0.1:4222"}, none, io.Discard)
-	if err != nil || cfg.Changelog != ChangelogJetStream || cfg.Partitions != 4 || cfg.Owner.Count != 4 || len(cfg.Defaulted) != 2 {
+	if err != nil || cfg.Changelog != slot.ChangelogJetStream || cfg.Partitions != 4 || cfg.Owner.Count != 4 || len(cfg.Defaulted) != 2 {
 		t.Fatalf("dynamic/4 alone: %v %+v", err, cfg)
 	}
 	cfg, err = ParseFlags([]string{"--partition-owner", "1/3"}, none, io.Discard)
-	if err != nil || cfg.Partitions != 3 || cfg.Changelog != ChangelogOff {
+	if err != nil || cfg.Partitions != 3 || cfg.Changelog != slot.ChangelogOff {
 		t.Fatalf("1/3 alone: %v %+v", err, cfg)
 	}
 	cfg, err = ParseFlags([]string{"--partition-owner", "dynamic/2", "--partitions", "8", "--nats-url", "nats://127.0.0.1:4222"}, none, io.Discard)

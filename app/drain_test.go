@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -31,10 +32,10 @@ func newDrainWorld(t *testing.T, grace string, opts Options) *drainWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan *App, 1)
+	ready := make(chan *slot.Slot, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: t, cancel: cancel, done: make(chan error, 1)}
-	opts.OnReady = func(a *App) { ready <- a }
+	opts.OnReady = func(a *slot.Slot) { ready <- a }
 	go func() { r.done <- Run(ctx, cfg, testLog, opts) }()
 	select {
 	case r.app = <-ready:

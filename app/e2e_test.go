@@ -257,7 +257,7 @@ func TestE2EWrongPartitionIsDeadLettered(t *testing.T) {
 	foreign := ""
 	for i := 0; foreign == ""; i++ {
 		tn := fmt.Sprintf("t%d", i)
-		if !queue.Owner(w.app.cfg.Owner).Owns(queue.Partition(tn, 4)) {
+		if !queue.Owner(w.app.Config().Owner).Owns(queue.Partition(tn, 4)) {
 			foreign = tn
 		}
 	}

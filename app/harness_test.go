@@ -19,6 +19,7 @@ import (
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -32,7 +33,7 @@ var testLog = func() *slog.Logger {
 // running is one in-process worker.
 type running struct {
 	t      testing.TB
-	app    *App
+	app    *slot.Slot
 	cancel context.CancelFunc
 	done   chan error
 	base   string // http://host:port
@@ -47,9 +48,9 @@ func startWorker(t testing.TB, ns *testnats.Server, dir string, opts Options, fl
 	if err != nil {
 		t.Fatalf("flags: %v", err)
 	}
-	ready := make(chan *App, 1)
+	ready := make(chan *slot.Slot, 1)
 	userReady := opts.OnReady
-	opts.OnReady = func(a *App) {
+	opts.OnReady = func(a *slot.Slot) {
 		if userReady != nil {
 			userReady(a)
 		}

@@ -25,7 +25,9 @@ import (
 	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // --partition-owner dynamic (issue 21, item 3): a member of a group.
@@ -37,29 +39,31 @@ import (
 // replicas upgrades to dynamic/N without moving a byte. A member runs, for
 // each slot the assignment (package member) gives it:
 //
-//	owner     a slot core: what one static replica runs (runReplica with
-//	          --partition-owner i/N, its own Pebble in <data-dir>/slots/<i>/pebble,
-//	          restore and replay on start, the claim that fences the
-//	          previous writer, its consumer, reaper and checkpoints) on
-//	          the member's NATS connection; it binds no port: the
-//	          member's HTTP server calls its handler in process
+//	owner     the slot (package slot: slot.New, then Run) with its own
+//	          Pebble in <data-dir>/slots/<i>/pebble, restore and replay on
+//	          start, the claim that fences the previous writer, its
+//	          consumer, reaper and checkpoints, on the member's NATS
+//	          connection, access control and tracer; it binds no port:
+//	          the member's HTTP server calls it in process (ServeHosted)
 //	standby   a warm copy in that same Pebble directory, caught up from the
-//	          newest checkpoint and the changelog, then tailing it; promoted
-//	          by stopping the tail and starting the core on the same
-//	          directory (the replay left is what arrived meanwhile)
+//	          newest checkpoint and the changelog (slot.Changelog.CatchUp),
+//	          then tailing it; promoted by stopping the tail and starting
+//	          the slot on the same directory (the replay left is what
+//	          arrived meanwhile)
 //
 // and serves the member's HTTP (--http-addr): a read for tenant t goes to
-// the local core of t's slot, or is forwarded to its owner's member
+// the slot t's partition is in, when this member serves it, or is forwarded to its owner's member
 // (--advertise-url), waiting up to --forward-wait while the slot moves.
 //
-// Handoff: a new owner starts its core only once the previous owner has
+// Handoff: a new owner starts the slot only once the previous owner has
 // released the slot (its record no longer says owner) or is gone, or the
 // handoff bound ran out; the claim fences whatever is left of the previous
 // writer either way. SIGTERM marks the member leaving: the leader moves its
-// slots warm-first to the others, then the member stops its cores and
-// deletes its record. A store's fatal error (its append was fenced: this
-// member was a zombie) ends the process, as in the static layout (exit 3):
-// its slots are someone else's already, and a restart rejoins clean.
+// slots warm-first to the others, then the member stops its slots and
+// deletes its record. A slot's fatal error (its append was fenced: this
+// member was a zombie for it, or its store broke) ends that slot alone:
+// it closes and releases itself, and the member and its other slots go
+// on (issue 30 item 2).
 
 const (
 	roleOwner   = member.RoleOwner
@@ -88,10 +92,12 @@ type memberRun struct {
 	n    int // slots
 	pc   member.PlanConfig
 
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	reg    *member.Registry
-	auth   *api.Auth
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	reg  *member.Registry
+	auth *api.Auth
+	// tracer: the one tracer of the member and its slots (tracerFor).
+	tracer trace.TracerProvider
 	proms  *metrics.MemberMetrics
 	client *http.Client
 	// logEnds: per slot, its changelog's end as last read (standby reads).
@@ -149,14 +155,14 @@ type slotRun struct {
 	done  chan struct{}
 	err   error
 
-	app      atomic.Pointer[App] // owner: its core, once ready
-	applied  atomic.Uint64       // standby: applied sequence
-	ready    atomic.Bool         // standby: tailing
+	app      atomic.Pointer[slot.Slot] // owner: the slot, once ready
+	applied  atomic.Uint64             // standby: applied sequence
+	ready    atomic.Bool               // standby: tailing
 	stopping atomic.Bool
 	served   atomic.Bool // owner: it became ready once
 	started  time.Time
 	// phase: what the owner's start does, or retries and why
-	// (Options.OnStartPhase), until its core is ready.
+	// (Options.OnStartPhase), until the slot is ready.
 	phase atomic.Pointer[string]
 	// slowLogged: when the loop last said this start is slow (loop only).
 	slowLogged time.Time
@@ -179,7 +185,7 @@ func (m *memberRun) poke() {
 	}
 }
 
-// lostClaim: a core that never served ended because its claim was fenced
+// lostClaim: a slot that never served ended because its claim was fenced
 // (partition.ErrFenced): it lost a race with the previous writer, which is
 // no reason to stop the member's other slots.
 func lostClaim(err error, served bool) bool {
@@ -222,7 +228,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	m.proms = metrics.NewMemberMetrics(Build, metrics.MemberState{
 		Slots: m.n, Partitions: m.samples, Members: func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.members) },
 		Moves: m.moves.Load, Fenced: m.fenced.Load,
-	}, deniedReasons)
+	}, slot.DeniedReasons)
 	// One access control for the member and its slots: the tokens file is
 	// read and watched once, and every refusal is counted once, here.
 	auth, err := api.NewAuth(api.AuthConfig{Mode: m.cfg.AuthMode(), TokensFile: m.cfg.AuthTokensFile, Logger: m.log, Denied: m.proms.Denied})
@@ -231,14 +237,14 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	}
 	m.auth = auth
 	logStartChoices(m.log, m.cfg, auth.Mode())
-	// One tracer for the member's slots (coreConfig leaves their
-	// --otlp-endpoint empty): one exporter per process, not per slot.
+	// One tracer for the member's slots: one exporter per process, not
+	// per slot.
 	tp, stopTracing, err := tracerFor(m.opts, m.cfg, m.log)
 	if err != nil {
 		return err
 	}
 	defer stopTracing()
-	m.opts.TracerProvider = tp
+	m.tracer = tp
 	ln, err := net.Listen("tcp", m.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on --http-addr %s: %w", m.cfg.HTTPAddr, err)
@@ -274,7 +280,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	// (nats-server#3677); the stream exists, and the retry binds it.
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		octx, cancel := context.WithTimeout(ctx, 4*time.Second)
-		m.reg, err = member.Open(octx, js, member.Config{Slots: m.n, Replicas: m.cfg.changelogReplicas(), TTL: m.cfg.Member.TTL})
+		m.reg, err = member.Open(octx, js, member.Config{Slots: m.n, Replicas: m.cfg.LogReplicas(), TTL: m.cfg.Member.TTL})
 		cancel()
 		if err == nil {
 			break
@@ -347,7 +353,7 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 			return err
 		case <-stopping:
 			// --shutdown-grace bounds the whole exit: half for the handoff,
-			// half for the drain of what is left (each core's grace).
+			// half for the drain of what is left (each slot's grace).
 			m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace/2)
 			m.leaving.Store(true)
 			stopping = nil
@@ -380,25 +386,25 @@ func startupRetry(log *slog.Logger, started time.Time, msg string, args ...any) 
 }
 
 // provisionShared creates, once and before any slot starts, what every
-// slot's core would otherwise create at the same moment: the checkpoint
+// slot would otherwise create at the same moment: the checkpoint
 // bucket and the request, result and dead-letter streams. A JetStream
 // cluster answers concurrent creates of one stream late or never
-// (nats-server#3677): 16 cores creating them at once on a fresh cluster
+// (nats-server#3677): 16 slots creating them at once on a fresh cluster
 // waited out 5 and 10 s attempt deadlines (a first start took 12-17 s),
 // while concurrent updates of a stream that exists are answered at once.
 // Short attempts, for members starting at once: the stream exists, and
 // the retry binds it.
 func (m *memberRun) provisionShared(ctx context.Context) error {
-	c := m.coreConfig(0)
+	c := m.slotConfig(0)
 	t0 := time.Now()
 	defer m.phase.Store(nil)
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		octx, cancel := context.WithTimeout(ctx, 4*time.Second)
-		_, err := partition.OpenCheckpoints(octx, m.js, c.checkpointConfig())
+		_, err := partition.OpenCheckpoints(octx, m.js, c.CheckpointConfig())
 		if err == nil {
-			slotProvisionMu.Lock() // see provision
-			err = queue.ProvisionStreams(octx, m.js, c.queueConfig())
-			slotProvisionMu.Unlock()
+			slot.ProvisionMu.Lock() // see provision
+			err = queue.ProvisionStreams(octx, m.js, c.QueueConfig())
+			slot.ProvisionMu.Unlock()
 		}
 		cancel()
 		if err == nil {
@@ -620,7 +626,7 @@ func (m *memberRun) record() member.Member {
 	rec := member.Member{ID: m.id, URL: m.cfg.Member.AdvertiseURL, Leaving: m.leaving.Load(), Started: m.started.UTC(), Incarnation: m.incarnation,
 		Slots: map[int]member.SlotState{}}
 	for _, o := range m.localOwners() {
-		for _, j := range o.app.journals() {
+		for _, j := range o.app.Journals() {
 			if len(rec.Journals) == member.MaxJournalsInRecord {
 				break
 			}
@@ -630,7 +636,7 @@ func (m *memberRun) record() member.Member {
 	}
 	var finished []member.FinishedRef
 	for _, o := range m.localOwners() {
-		for _, f := range o.app.recentlyFinished() {
+		for _, f := range o.app.RecentlyFinished() {
 			finished = append(finished, member.FinishedRef{Slot: o.i, Tenant: f.Tenant, NodeID: f.NodeID, RequestID: f.RequestID,
 				Outcome: f.Outcome, EdgesTombstoned: f.EdgesTombstoned, Attempts: f.Attempts, Finished: f.Finished.UTC(), TookSeconds: f.Took.Seconds()})
 		}
@@ -644,7 +650,7 @@ func (m *memberRun) record() member.Member {
 		switch r.role {
 		case roleOwner:
 			if a := r.app.Load(); a != nil {
-				st.Applied, st.Ready = a.changelogLast(), !r.stopping.Load()
+				st.Applied, st.Ready = a.ChangelogLast(), !r.stopping.Load()
 			}
 		case roleStandby:
 			st.Applied, st.Ready = r.applied.Load(), r.ready.Load()
@@ -652,15 +658,6 @@ func (m *memberRun) record() member.Member {
 		rec.Slots[s] = st
 	}
 	return rec
-}
-
-// changelogLast is the last changelog sequence this core appended or
-// replayed.
-func (a *App) changelogLast() uint64 {
-	if a.changelog == nil {
-		return 0
-	}
-	return a.changelog.cl.Last()
 }
 
 // released: no other live member runs slot a as its owner (its record
@@ -747,7 +744,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 			}
 			if r != nil {
 				// A standby: promote it. Its tail stops first (it holds the
-				// slot's Pebble); the core starts in the round its exit
+				// slot's Pebble); the slot starts in the round its exit
 				// wakes. Never waited for here, under mu: a tail stuck in a
 				// NATS call would stop every slot of this member.
 				r.halt()
@@ -803,11 +800,9 @@ func (m *memberRun) dropRoleless(s int) {
 		return
 	}
 	if attached && !empty {
-		c := &changelog{js: m.js}
-		cfg := m.coreConfig(s)
-		c.status.Stream = cfg.changelogConfig().StreamName()
+		cfg := m.slotConfig(s)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		id, _, _, err := c.logIdentity(ctx)
+		id, _, _, err := slot.LogIdentity(ctx, m.js, cfg.ChangelogConfig().StreamName())
 		cancel()
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			m.log.Warn("member: a copy no role holds; its changelog did not answer, kept for now", "slot", s, "err", err)
@@ -832,7 +827,7 @@ func inspectCopy(dir string) (logID string, attached, empty bool, err error) {
 	if err != nil {
 		return "", false, false, err
 	}
-	empty, err = isEmpty(pe.DB)
+	empty, err = slot.IsEmpty(pe.DB)
 	if err == nil {
 		logID, attached, err = partition.LogID(pe.DB)
 	}
@@ -842,12 +837,12 @@ func inspectCopy(dir string) (logID string, attached, empty bool, err error) {
 	return logID, attached, empty, err
 }
 
-// stopRun stops r: a standby at once; an owner's core drains (up to
+// stopRun stops r: a standby at once; an owner's slot drains (up to
 // --shutdown-grace), in the background when async.
 func (m *memberRun) stopRun(r *slotRun, async bool) {
 	r.halt()
 	if async {
-		m.log.Info("member: handing a slot off: draining its core", "slot", r.slot)
+		m.log.Info("member: handing a slot off: draining it", "slot", r.slot)
 		return
 	}
 	<-r.done
@@ -894,36 +889,32 @@ func (m *memberRun) slotDir(s int) string {
 	return filepath.Join(m.cfg.DataDir, "slots", strconv.Itoa(s))
 }
 
-// coreConfig is the configuration of slot s's core: the static replica
-// s/N, served by the member's HTTP (no port), with its share of the
-// caches.
-func (m *memberRun) coreConfig(s int) Config {
-	c := m.cfg
-	c.Member = MemberConfig{}
+// slotConfig is the configuration of slot s on this member: slot s of
+// N, served by the member's HTTP (no port of its own), with its share of
+// the caches.
+func (m *memberRun) slotConfig(s int) slot.Config {
+	c := m.cfg.Config
 	c.Owner = queue.Owner{Index: s, Count: m.n}
-	c.PartitionOwner = c.Owner.String()
 	c.DataDir = m.slotDir(s)
-	c.HTTPAddr, c.APIAddr = "", ""
-	c.slotCore = true
-	c.OTLPEndpoint = ""
+	c.Hosted = true
 	c.ShutdownGrace = max(m.cfg.ShutdownGrace/2, time.Second) // see run: the handoff has the other half
 	c.CacheMB = max(8, m.cfg.CacheMB/m.n)
 	c.MemTableMB = max(4, m.cfg.MemTableMB/m.n)
 	return c
 }
 
-// startOwner starts slot s's core.
+// startOwner starts slot s as its owner (package slot).
 func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &slotRun{slot: s, role: roleOwner, epoch: epoch, stop: cancel, done: make(chan struct{}), started: time.Now()}
-	o := m.opts
+	o := m.opts.slotOptions(m.tracer)
 	o.SlotView = m.slotRows
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
-	o.Conn = m.nc // one NATS connection per member, not one per slot
-	o.auth = m.auth
+	o.Conn = m.nc   // one NATS connection per member, not one per slot
+	o.Auth = m.auth // one access control, refusals counted once
 	o.Host = m.host()
-	o.OnReady = func(a *App) {
+	o.OnReady = func(a *slot.Slot) {
 		r.served.Store(true)
 		r.app.Store(a)
 		st := a.ChangelogStatus()
@@ -942,7 +933,11 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	go func() {
 		defer m.poke()
 		defer close(r.done)
-		r.err = runReplica(ctx, m.coreConfig(s), m.log.With("slot", s), o)
+		sl, err := slot.New(m.slotConfig(s), m.log.With("slot", s), o)
+		if err == nil {
+			err = sl.Run(ctx)
+		}
+		r.err = err
 		r.app.Store(nil)
 		if lostClaim(r.err, r.served.Load()) {
 			// Another writer appended between our catch-up and our claim:
@@ -987,7 +982,7 @@ func (m *memberRun) checkLegacy(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("member: inspecting the static store %s: %w", dir, err)
 	}
-	empty, err := isEmpty(pe.DB)
+	empty, err := slot.IsEmpty(pe.DB)
 	var lid string
 	var attached bool
 	var applied uint64
@@ -1020,11 +1015,11 @@ func (m *memberRun) checkLegacy(ctx context.Context) error {
 	if !strings.HasPrefix(name, prefix) || err != nil || idx < 0 || idx >= m.n {
 		return refuse(fmt.Sprintf("following the changelog %s, not one of the %d slots' (%s<i>)", name, m.n, prefix))
 	}
-	cl, err := openChangelog(ctx, m.nc, m.coreConfig(idx), m.log, nil, func(string) {})
+	cl, err := slot.OpenChangelog(ctx, m.nc, m.slotConfig(idx), m.log, nil, func(string) {})
 	if err != nil || cl == nil {
 		return errors.Join(err, ctx.Err())
 	}
-	id, _, last, err := cl.logIdentity(ctx)
+	id, _, last, err := cl.LogIdentity(ctx)
 	if err != nil {
 		return err
 	}

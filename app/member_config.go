@@ -9,6 +9,7 @@ import (
 
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // MemberConfig is the configuration of --partition-owner dynamic (issue 21
@@ -84,7 +85,7 @@ func (c *Config) validateDynamic() []error {
 	if c.NATSURL == "" {
 		bad("--partition-owner dynamic needs --nats-url: its members share one NATS (JetStream, ideally a 3-server cluster); the embedded server is one process's")
 	}
-	if c.Changelog != ChangelogJetStream {
+	if c.Changelog != slot.ChangelogJetStream {
 		bad("--partition-owner dynamic needs --changelog jetstream: the changelog is what lets a slot move to another member")
 	}
 	if c.Member.ID == "" {

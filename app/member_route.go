@@ -15,9 +15,10 @@ import (
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/slot"
 )
 
-// A member's HTTP and where its reads go: at the slot's core in this
+// A member's HTTP and where its reads go: at the slot in this
 // process, forwarded to the owner's member (the route, the hedge to a
 // standby when the owner is slow), or answered by a standby's copy.
 
@@ -34,7 +35,7 @@ func (m *memberRun) handler() http.Handler {
 	return mux
 }
 
-// admitted checks the caller as the cores would (the cores check again;
+// admitted checks the caller as the slots would (they check again;
 // in loopback mode only this check can see the real client).
 func (m *memberRun) admitted(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -52,8 +53,8 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// localOwner returns the ready core of slot s on this member, if any.
-func (m *memberRun) localOwner(s int) *App {
+// localOwner returns slot s, ready, when this member owns it; else nil.
+func (m *memberRun) localOwner(s int) *slot.Slot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if r := m.slots[s]; r != nil && r.role == roleOwner && !r.stopping.Load() {
@@ -63,7 +64,7 @@ func (m *memberRun) localOwner(s int) *App {
 }
 
 // assignedHere: the assignment this member last read names it slot s's
-// owner (its core may still be starting).
+// owner (the slot may still be starting).
 func (m *memberRun) assignedHere(s int) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -127,7 +128,7 @@ func (m *memberRun) reroute() {
 	}
 }
 
-// tenantRead answers a read of tenant t: at the local core of t's slot, or
+// tenantRead answers a read of tenant t: at t's slot on this member, or
 // forwarded to its owner; while the slot has no serving owner (a move, a
 // failover), it waits up to --forward-wait.
 func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
@@ -147,7 +148,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	pause := 50 * time.Millisecond
 	for {
 		if a := m.localOwner(s); a != nil {
-			if a.serveHosted(w, r) {
+			if a.ServeHosted(w, r) {
 				return
 			}
 		} else if forwarded {
@@ -159,7 +160,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			// Forwarded here, but the slot is not (or no longer) this
-			// member's, or its core is still starting: say so at once, so
+			// member's, or the slot is still starting: say so at once, so
 			// the member that forwarded it asks a standby and routes
 			// again, rather than waiting out --forward-wait here.
 			w.Header().Set(hdrNotOwner, m.id)
@@ -458,7 +459,7 @@ func (m *memberRun) journals(w http.ResponseWriter, r *http.Request) {
 	m.mu.Unlock()
 	all := []api.Journal{}
 	for _, o := range local {
-		for _, j := range o.app.journals() {
+		for _, j := range o.app.Journals() {
 			if p.Sees(j.Tenant) {
 				all = append(all, j)
 			}
@@ -550,7 +551,7 @@ func (m *memberRun) firstCore(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusServiceUnavailable, "this member owns no slot right now; ask another member")
 		return
 	}
-	if !owners[0].app.serveHosted(w, r) {
+	if !owners[0].app.ServeHosted(w, r) {
 		w.Header().Set("Retry-After", "1")
 		writeJSONError(w, http.StatusServiceUnavailable, "the slot is stopping; retry")
 	}

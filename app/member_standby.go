@@ -19,6 +19,7 @@ import (
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/partition"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -82,7 +83,7 @@ func (m *memberRun) startStandby(s int) *slotRun {
 				return
 			}
 			log.Warn("member: the standby's tail stopped; catching up again", "err", err, "in", delay)
-			if errors.Is(err, errStandbySeed) {
+			if errors.Is(err, slot.ErrStandbySeed) {
 				// Data no log holds (the stream was deleted, or NATS lost
 				// it): possibly the only copy. Moved aside, never deleted.
 				m.setAside(s)
@@ -100,15 +101,15 @@ func (m *memberRun) startStandby(s int) *slotRun {
 // tail catches slot s's copy up (a checkpoint when it is empty or stale,
 // then the changelog) and follows the changelog until ctx ends.
 func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logger) error {
-	c := m.coreConfig(s)
-	cl, err := openChangelog(ctx, m.nc, c, log, nil, func(string) {})
+	c := m.slotConfig(s)
+	cl, err := slot.OpenChangelog(ctx, m.nc, c, log, nil, func(string) {})
 	if err != nil || cl == nil {
 		return errors.Join(err, ctx.Err())
 	}
 	t0 := time.Now()
 	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
-	// The core's own directory: promoting the standby opens this Pebble.
-	db, err := cl.catchUp(ctx, filepath.Join(m.slotDir(s), "pebble"), sizes, true)
+	// The slot's own directory: promoting the standby opens this Pebble.
+	db, err := cl.CatchUp(ctx, filepath.Join(m.slotDir(s), "pebble"), sizes, true)
 	if err != nil {
 		return err
 	}
@@ -118,14 +119,14 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		return err
 	}
 	r.applied.Store(applied)
-	r.tailLog.Store(cl.cl)
+	r.tailLog.Store(cl.Log())
 	r.viewMu.Lock()
 	r.copyDB = db
 	r.viewMu.Unlock()
 	defer r.dropView() // before db.Close (deferred first): waits out the reads
 	r.ready.Store(true)
-	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.status.Restored, "replayed", cl.status.Replayed, "took", time.Since(t0))
-	return cl.cl.Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
+	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.Status().Restored, "replayed", cl.Status().Replayed, "took", time.Since(t0))
+	return cl.Log().Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
 		if m.opts.beforeStandbyApply != nil {
 			m.opts.beforeStandbyApply(s, seq)
 		}

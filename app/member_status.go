@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/metrics"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/ui"
 )
 
@@ -78,7 +79,7 @@ func (m *memberRun) startingReason(s int, r *slotRun) string {
 	return fmt.Sprintf("slot %d: starting for %s: %s", s, time.Since(r.started).Round(100*time.Millisecond), r.startPhase())
 }
 
-// metricsHandler merges the member's families with every local core's,
+// metricsHandler merges the member's families with every local slot's,
 // each labelled with its slot.
 func (m *memberRun) metricsHandler(w http.ResponseWriter, r *http.Request) {
 	gs := prometheus.Gatherers{m.proms.Registry}
@@ -107,7 +108,7 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 			switch r.role {
 			case roleOwner:
 				if a := r.app.Load(); a != nil {
-					p.Applied = a.changelogLast()
+					p.Applied = a.ChangelogLast()
 					owners = append(owners, ownerAt{len(out), a})
 				}
 			case roleStandby:
@@ -120,7 +121,7 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 		out = append(out, p)
 	}
 	m.mu.Unlock()
-	// A core's status takes its changelog's lock, held through a
+	// A slot's status takes its changelog's lock, held through a
 	// checkpoint's upload: never while holding m.mu.
 	for _, o := range owners {
 		st := o.app.ChangelogStatus()
@@ -132,14 +133,14 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 	return out
 }
 
-// ownerAt is a core whose status is read after m.mu is released, and the
+// ownerAt is a slot whose status is read after m.mu is released, and the
 // index of the row it fills (or its slot: localOwners).
 type ownerAt struct {
 	i   int
-	app *App
+	app *slot.Slot
 }
 
-// localOwners are the serving cores of the slots this member owns, by
+// localOwners are the serving slots this member owns, by
 // slot, lowest first.
 func (m *memberRun) localOwners() []ownerAt {
 	m.mu.Lock()
@@ -157,13 +158,13 @@ func (m *memberRun) localOwners() []ownerAt {
 
 // host is what the status page of this member's slots shows of the
 // member (Options.Host).
-func (m *memberRun) host() *Host {
-	return &Host{
+func (m *memberRun) host() *slot.Host {
+	return &slot.Host{
 		Started: m.started,
 		RequestCounts: func() (map[string]float64, error) {
 			sum := map[string]float64{}
 			for _, o := range m.localOwners() {
-				c, err := o.app.requestCounts()
+				c, err := o.app.RequestCounts()
 				if err != nil {
 					return nil, err
 				}
@@ -201,12 +202,12 @@ func (m *memberRun) group(page int) *ui.Group {
 	var finished []ui.FinishedJournal
 	for _, o := range m.localOwners() {
 		if o.i != page { // the page's own slot has its live rows
-			for _, j := range o.app.journals() {
+			for _, j := range o.app.Journals() {
 				journals = append(journals, ui.GroupJournal{Slot: o.i, Member: m.id, Tenant: j.Tenant, NodeID: j.NodeID, RequestID: j.RequestID,
 					State: j.State, EdgesDone: j.EdgesDone, EdgesTotal: j.EdgesTotal, AsOf: now})
 			}
 		}
-		for _, f := range o.app.recentlyFinished() {
+		for _, f := range o.app.RecentlyFinished() {
 			f.Slot, f.Member = o.i, m.id
 			finished = append(finished, f)
 		}
@@ -398,7 +399,7 @@ func (m *memberRun) slotRows() []ui.SlotRow {
 		if cs := o.app.ChangelogStatus(); !cs.LastAt.IsZero() {
 			rows[o.i].Checkpoint = fmt.Sprintf("seq %d, %s ago", cs.LastCheckpoint.Seq, time.Since(cs.LastAt).Round(time.Second))
 		}
-		rows[o.i].Queue, rows[o.i].Reaper = o.app.slotSummary(now)
+		rows[o.i].Queue, rows[o.i].Reaper = o.app.Summary(now)
 	}
 	return rows
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/telha/telha-cascade/partition"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -35,20 +36,20 @@ type memberUnderTest struct {
 	done     chan error
 }
 
-func startMember(t *testing.T, ns *testnats.Server, id string, onReady ...func(*App)) *memberUnderTest {
+func startMember(t *testing.T, ns *testnats.Server, id string, onReady ...func(*slot.Slot)) *memberUnderTest {
 	t.Helper()
 	return startMemberIn(t, ns, id, t.TempDir(), 1, onReady...)
 }
 
 // startMemberIn is startMember on data directory dir with standbys
 // standbys per slot.
-func startMemberIn(t *testing.T, ns *testnats.Server, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
+func startMemberIn(t *testing.T, ns *testnats.Server, id, dir string, standbys int, onReady ...func(*slot.Slot)) *memberUnderTest {
 	t.Helper()
 	return startMemberURL(t, ns.ClientURL(), id, dir, standbys, onReady...)
 }
 
 // startMemberURL is startMemberIn against the NATS server at url.
-func startMemberURL(t *testing.T, url, id, dir string, standbys int, onReady ...func(*App)) *memberUnderTest {
+func startMemberURL(t *testing.T, url, id, dir string, standbys int, onReady ...func(*slot.Slot)) *memberUnderTest {
 	t.Helper()
 	opts := Options{}
 	if len(onReady) > 0 {
@@ -147,10 +148,10 @@ func TestMembersInProcessHandOff(t *testing.T) {
 	m0 := startMember(t, ns, "m0")
 	m0.settledOn(t, "m0")
 	var coresMu sync.Mutex
-	cores := map[int]*App{} // m1's slot cores, the latest of each slot
-	m1 := startMember(t, ns, "m1", func(a *App) {
+	cores := map[int]*slot.Slot{} // m1's slot cores, the latest of each slot
+	m1 := startMember(t, ns, "m1", func(a *slot.Slot) {
 		coresMu.Lock()
-		cores[a.cfg.Owner.Index] = a
+		cores[a.Config().Owner.Index] = a
 		coresMu.Unlock()
 	})
 	v := m1.settledOn(t, "m0", "m1")

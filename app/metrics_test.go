@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -241,7 +240,7 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 		t.Fatalf("time in queue observed %d times after a request, want at least 1", count0)
 	}
 
-	cfg := w.app.worker.Config()
+	cfg := w.app.Worker().Config()
 	if _, err := b.js.PauseConsumer(ctx, cfg.ReqStream, cfg.ConsumerName(), time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +260,7 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 	// Poll (no sleep) until the oldest has waited more than a second,
 	// checking the gauge against its stream timestamp at every read.
 	testnats.Eventually(t, 15*time.Second, "oldest pending age above 1s", func() bool {
-		if err := w.app.worker.RefreshStats(ctx); err != nil {
+		if err := w.app.Worker().RefreshStats(ctx); err != nil {
 			t.Fatal(err)
 		}
 		lo := time.Since(first).Seconds()
@@ -294,7 +293,7 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 		t.Errorf("%d of the 3 waiting requests were observed at 1 s or less in queue; each waited longer", got-under0)
 	}
 	testnats.Eventually(t, 10*time.Second, "oldest pending age back to 0", func() bool {
-		if err := w.app.worker.RefreshStats(ctx); err != nil {
+		if err := w.app.Worker().RefreshStats(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return metricValue(t, w, "telha_queue_oldest_pending_age_seconds") == 0
@@ -343,11 +342,11 @@ func TestMetricsResultsParked(t *testing.T) {
 	id := b.send("p", tombNode(hub))
 	testnats.Eventually(t, 60*time.Second, "the journaled result parked", func() bool {
 		clock.Advance(11 * time.Minute) // past every backoff
-		_, err := w.app.reaper.PublishOutbox(ctx)
+		_, err := w.app.Reaper().PublishOutbox(ctx)
 		if err == nil {
 			return false // the cascade's result is not in the outbox yet
 		}
-		return w.app.reaper.Summarize().OutboxParked == 1
+		return w.app.Reaper().Summarize().OutboxParked == 1
 	})
 	if got := metricValue(t, w, "telha_results_parked"); got != 1 {
 		t.Errorf("telha_results_parked = %v, want 1", got)
@@ -360,18 +359,6 @@ func TestMetricsResultsParked(t *testing.T) {
 		t.Errorf("Options.ReaperHooks.OutboxParked saw %v, want [p/%s]", nextParked, id)
 	}
 	mu.Unlock()
-}
-
-// TestMetricsReaperHooksChain: the wiring counts a parked result and still
-// calls the hook the caller passed.
-func TestMetricsReaperHooksChain(t *testing.T) {
-	a := &App{metrics: metrics.New(Build, metrics.Labels{})}
-	called := 0
-	h := a.reaperHooks(reaper.Hooks{OutboxParked: func(string, string, error) { called++ }})
-	h.OutboxParked("t", "r", errors.New("refused"))
-	if got := testutil.ToFloat64(a.metrics.ResultsParked); got != 1 || called != 1 {
-		t.Fatalf("telha_results_parked_events_total = %v, next hook called %d times; want 1 and 1", got, called)
-	}
 }
 
 func histogramOf(t *testing.T, m *metrics.Metrics, name string) *dto.Histogram {

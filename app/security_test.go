@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // Security of the worker's edges: NATS auth (user/password, creds file,
@@ -110,7 +111,7 @@ func debugLogger(w io.Writer, format string) *slog.Logger {
 // required (startWorker fails the test when the worker does not get ready).
 type launched struct {
 	t        *testing.T
-	ready    chan *App
+	ready    chan *slot.Slot
 	exited   chan struct{}
 	err      error
 	cancel   context.CancelFunc
@@ -119,7 +120,7 @@ type launched struct {
 
 func launch(t *testing.T, log *slog.Logger, dir string, flags ...string) *launched {
 	t.Helper()
-	l := &launched{t: t, ready: make(chan *App, 1), exited: make(chan struct{}), httpAddr: testnats.FreeAddr(t)}
+	l := &launched{t: t, ready: make(chan *slot.Slot, 1), exited: make(chan struct{}), httpAddr: testnats.FreeAddr(t)}
 	args := append([]string{"--data-dir", dir, "--http-addr", l.httpAddr, "--reaper-schedule", "@every 1h"}, flags...)
 	cfg, err := ParseFlags(args, func(string) string { return "" }, io.Discard)
 	if err != nil {
@@ -128,7 +129,7 @@ func launch(t *testing.T, log *slog.Logger, dir string, flags ...string) *launch
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	go func() {
-		err := Run(ctx, cfg, log, Options{OnReady: func(a *App) { l.ready <- a }})
+		err := Run(ctx, cfg, log, Options{OnReady: func(a *slot.Slot) { l.ready <- a }})
 		l.err = err
 		close(l.exited)
 	}()
@@ -149,7 +150,7 @@ func (l *launched) stop() error {
 	}
 }
 
-func (l *launched) waitReady() *App {
+func (l *launched) waitReady() *slot.Slot {
 	l.t.Helper()
 	select {
 	case a := <-l.ready:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -60,7 +61,7 @@ func TestShutdownReleasesWaitingReads(t *testing.T) {
 	// backlog is reset when the shutdown closes the listener (the read
 	// then gets EOF: the test's race, not the worker's). Wait until its
 	// handler runs.
-	testnats.Eventually(t, 20*time.Second, "the read's handler runs", func() bool { return r.app.inflight.count() > 0 })
+	testnats.Eventually(t, 20*time.Second, "the read's handler runs", func() bool { return r.app.InFlight() > 0 })
 	start := time.Now()
 	r.cancel()
 	r.cancel = nil
@@ -97,7 +98,7 @@ func TestEmbeddedNATSRefusesNonLoopback(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		ready := false
-		err = Run(ctx, cfg, testLog, Options{OnReady: func(*App) { ready = true; cancel() }})
+		err = Run(ctx, cfg, testLog, Options{OnReady: func(*slot.Slot) { ready = true; cancel() }})
 		cancel()
 		if ready || !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "loopback") {
 			t.Errorf("--nats-listen %s: ready %v, err %v; want a usage error about loopback", addr, ready, err)
@@ -113,7 +114,7 @@ func TestEmbeddedNATSRefusesNonLoopback(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		ready := false
-		err = Run(ctx, cfg, testLog, Options{OnReady: func(*App) { ready = true; cancel() }})
+		err = Run(ctx, cfg, testLog, Options{OnReady: func(*slot.Slot) { ready = true; cancel() }})
 		cancel()
 		if !ready || err != nil {
 			t.Errorf("--nats-listen %s: ready %v, err %v; want it to start", addr, ready, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
 )
 
 // Issue 20: what one tenant's publisher could do to another tenant, or to
@@ -241,8 +242,8 @@ func TestHarmMetricLabelsComeFromFixedSets(t *testing.T) {
 		t.Errorf("/metrics grew from %d to %d bytes with 60 rejected requests", before, len(text))
 	}
 	var ops []string
-	for _, o := range opNames() {
-		ops = append(ops, o)
+	for _, o := range storage.Ops() {
+		ops = append(ops, o.String())
 	}
 	allowed := map[string][]string{
 		"op":     append(ops, "unknown"),

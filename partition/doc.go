@@ -89,7 +89,7 @@
 // the removed messages' bytes in the server's block files (erase.go says
 // where, from nats-server's file store). So an erase purges the changelog
 // whole (below its last sequence + 1, after a checkpoint at that sequence,
-// with no append in between: app/changelog.go ScrubCopies) and checkpoints
+// with no append in between: slot/changelog.go ScrubCopies) and checkpoints
 // are deleted with DeleteCheckpoint (each chunk overwritten in place, then
 // the object deleted); Prune's caller passes it to PruneWith. Tables
 // uploaded through the *Bucket OpenCheckpoints returns are sealed, each

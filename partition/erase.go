@@ -28,7 +28,7 @@ import (
 //     bytes first. (A server whose store is encrypted at rest ignores the
 //     overwrite: its deleted records stay as ciphertext.)
 //
-// So the erase's copy scrub (app/changelog.go) purges the changelog whole,
+// So the erase's copy scrub (slot/changelog.go) purges the changelog whole,
 // holding the writer, right after a checkpoint of the scrubbed store, and
 // every checkpoint is deleted with DeleteCheckpoint.
 

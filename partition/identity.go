@@ -17,7 +17,7 @@ import (
 // another would skip or repeat write-sets silently. So a store records the
 // identity of its log (its stream name and creation time) before it
 // applies anything from it, and a start compares it with the log it is
-// about to follow (app/changelog.go decides what to do on a mismatch).
+// about to follow (slot/changelog.go decides what to do on a mismatch).
 var logIDKey = []byte{0xF0, 0x02}
 
 // LogID returns the changelog identity db records, and false when it

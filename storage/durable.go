@@ -46,7 +46,7 @@ type Durable interface {
 
 // CopyScrubber makes erased bytes leave the durable copies of a store
 // that live outside its disk: with a changelog, its stream's files, the
-// checkpoints and the standbys' copies (app/changelog.go implements it;
+// checkpoints and the standbys' copies (slot/changelog.go implements it;
 // storage never imports NATS).
 //
 // # Erasure and the copies

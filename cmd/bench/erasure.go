@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/telha/telha-cascade/app"
 	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // The erase_changelog and erase_changelog_r3 phases (issue 29 item 4):
@@ -36,7 +37,7 @@ import (
 //
 // Reported per size: each erase's answer time; what its scrub of the copies
 // cost (the writer held, the bytes uploaded to the checkpoint bucket, the
-// table objects deleted: app.ChangelogStatus().LastScrub); the sustained
+// table objects deleted: slot.ChangelogStatus().LastScrub); the sustained
 // erases per second; the bystander's p50, p99 and max. Then, between the
 // largest and the smallest size, the ratios the issue asks to be flat: the
 // writer held and the bytes sent to NATS per erase.
@@ -160,17 +161,17 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	logs := &logCounter{}
 	var (
 		scrubMu sync.Mutex
-		scrubs  []app.ScrubStatus
+		scrubs  []slot.ScrubStatus
 		windows [][2]time.Time // each scrub's start and end
 	)
-	ready := make(chan *app.App, 1)
+	ready := make(chan *slot.Slot, 1)
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	t1 := time.Now()
 	go func() {
-		done <- app.Run(wctx, cfg, logs.logger(o.workerLog), app.Options{OnReady: func(a *app.App) { ready <- a },
-			CopyScrubbed: func(s app.ScrubStatus) {
+		done <- app.Run(wctx, cfg, logs.logger(o.workerLog), app.Options{OnReady: func(a *slot.Slot) { ready <- a },
+			CopyScrubbed: func(s slot.ScrubStatus) {
 				scrubMu.Lock()
 				scrubs = append(scrubs, s)
 				now := time.Now()
@@ -178,7 +179,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 				scrubMu.Unlock()
 			}})
 	}()
-	var a *app.App
+	var a *slot.Slot
 	select {
 	case a = <-ready:
 	case err := <-done:

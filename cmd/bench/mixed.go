@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/telha/telha-cascade/app"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -114,7 +115,7 @@ func runMixedWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	if err != nil {
 		return m, err
 	}
-	ready := make(chan *app.App, 1)
+	ready := make(chan *slot.Slot, 1)
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -129,7 +130,7 @@ func runMixedWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	)
 	go func() {
 		done <- app.Run(wctx, cfg, logs.logger(o.workerLog), app.Options{
-			OnReady:    func(a *app.App) { ready <- a },
+			OnReady:    func(a *slot.Slot) { ready <- a },
 			WrapEngine: func(e storage.Engine) storage.Engine { return countingEngine{Engine: e, c: counter} },
 			OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
 				wmu.Lock()
@@ -138,7 +139,7 @@ func runMixedWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 			},
 		})
 	}()
-	var a *app.App
+	var a *slot.Slot
 	select {
 	case a = <-ready:
 	case err := <-done:

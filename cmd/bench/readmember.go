@@ -28,6 +28,7 @@ import (
 	"github.com/telha/telha-cascade/app"
 	"github.com/telha/telha-cascade/queue"
 	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // The read_member phase (issue 30 item 8, "Cost"): a read through any
@@ -646,9 +647,9 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 	}
 	actx, stopA := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
-	readyA := make(chan *app.App, 1)
+	readyA := make(chan *slot.Slot, 1)
 	go func() {
-		doneA <- app.Run(actx, cfgA, logs.logger(o.workerLog).With("side", "static"), app.Options{OnReady: func(a *app.App) { readyA <- a }})
+		doneA <- app.Run(actx, cfgA, logs.logger(o.workerLog).With("side", "static"), app.Options{OnReady: func(a *slot.Slot) { readyA <- a }})
 	}()
 	defer func() {
 		stopA()
@@ -658,7 +659,7 @@ func runReadMember(ctx context.Context, o *options, pg progress, root string) (*
 			pg.printf("read_member: the static replica did not stop within 90s")
 		}
 	}()
-	var aApp *app.App
+	var aApp *slot.Slot
 	select {
 	case aApp = <-readyA:
 	case err := <-doneA:

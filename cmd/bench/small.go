@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/app"
+	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -287,17 +288,17 @@ func runSmallWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	if err != nil {
 		return err
 	}
-	ready := make(chan *app.App, 1)
+	ready := make(chan *slot.Slot, 1)
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go pprof.Do(wctx, pprof.Labels("side", "worker"), func(c context.Context) {
 		done <- app.Run(c, cfg, logs.logger(o.workerLog), app.Options{
-			OnReady:    func(a *app.App) { ready <- a },
+			OnReady:    func(a *slot.Slot) { ready <- a },
 			WrapEngine: func(e storage.Engine) storage.Engine { return countingEngine{Engine: e, c: counter} },
 		})
 	})
-	var a *app.App
+	var a *slot.Slot
 	select {
 	case a = <-ready:
 	case err := <-done:

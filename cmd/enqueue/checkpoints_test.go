@@ -19,22 +19,23 @@ import (
 	"github.com/telha/telha-cascade/app"
 	"github.com/telha/telha-cascade/internal/sealed"
 	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/slot"
 )
 
 // startChangelogWorker runs a worker with --changelog jetstream on dir and
 // returns it (ready) and a stop that waits for it.
-func startChangelogWorker(t *testing.T, url, dir string) (*app.App, func()) {
+func startChangelogWorker(t *testing.T, url, dir string) (*slot.Slot, func()) {
 	t.Helper()
 	cfg, err := app.ParseFlags([]string{"--data-dir", dir, "--http-addr", "127.0.0.1:0", "--nats-url", url, "--changelog", "jetstream",
 		"--checkpoint-schedule", "@every 1h"}, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan *app.App, 1)
+	ready := make(chan *slot.Slot, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- app.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), app.Options{OnReady: func(a *app.App) { ready <- a }})
+		done <- app.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), app.Options{OnReady: func(a *slot.Slot) { ready <- a }})
 	}()
 	select {
 	case a := <-ready:

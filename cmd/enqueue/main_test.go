@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/telha/telha-cascade/queue/client"
 	"io"
 	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/slot"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/app"
@@ -29,7 +31,7 @@ func startWorker(t *testing.T, url string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- app.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), app.Options{OnReady: func(*app.App) { close(ready) }})
+		done <- app.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), app.Options{OnReady: func(*slot.Slot) { close(ready) }})
 	}()
 	select {
 	case <-ready:

@@ -29,7 +29,7 @@ import (
 // twice the memtable size), with cgo; without cgo (the image's static
 // build) it is Go memory and under the soft limit already, so 0. In
 // dynamic mode a member holds at most one store per slot, each with its
-// share of the flags' sizes (app's coreConfig: max(8, cache/slots) and
+// share of the flags' sizes (app's slotConfig: max(8, cache/slots) and
 // max(4, memtable/slots) MiB), so the bound is slots times that. The rest
 // (softLimitPercent's 10 %) is headroom for the runtime's own overhead,
 // malloc's fragmentation and the goroutine stacks.

@@ -1,9 +1,11 @@
-package app
+package slot
 
 import (
+	"errors"
 	"reflect"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/metrics"
 	"github.com/telha/telha-cascade/reaper"
@@ -16,7 +18,7 @@ import (
 // EraseFinished). Every func field of both structs, present and future, is
 // set to a recorder; each hook the worker installs must reach it.
 func TestOptionsHooksAreAllCalled(t *testing.T) {
-	a := &App{metrics: metrics.New(Build, metrics.Labels{})}
+	a := &Slot{metrics: metrics.New(metrics.Build{}, metrics.Labels{})}
 	checkHooksReachNext(t, "cascade.Hooks", func(next cascade.Hooks) cascade.Hooks { return a.wiredCascadeHooks(next) })
 	checkHooksReachNext(t, "reaper.Hooks", func(next reaper.Hooks) reaper.Hooks { return a.wiredReaperHooks(next) })
 }
@@ -62,5 +64,17 @@ func checkHooksReachNext[H any](t *testing.T, name string, wire func(H) H) {
 		if calls[f.Name] != 1 {
 			t.Errorf("%s.%s: the caller's hook was called %d times, want 1", name, f.Name, calls[f.Name])
 		}
+	}
+}
+
+// TestMetricsReaperHooksChain: the wiring counts a parked result and still
+// calls the hook the caller passed.
+func TestMetricsReaperHooksChain(t *testing.T) {
+	a := &Slot{metrics: metrics.New(metrics.Build{}, metrics.Labels{})}
+	called := 0
+	h := a.reaperHooks(reaper.Hooks{OutboxParked: func(string, string, error) { called++ }})
+	h.OutboxParked("t", "r", errors.New("refused"))
+	if got := testutil.ToFloat64(a.metrics.ResultsParked); got != 1 || called != 1 {
+		t.Fatalf("telha_results_parked_events_total = %v, next hook called %d times; want 1 and 1", got, called)
 	}
 }

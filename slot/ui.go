@@ -1,4 +1,4 @@
-package app
+package slot
 
 import (
 	"context"
@@ -24,10 +24,10 @@ import (
 // are up. It starts the page's sampler (the request counts every 5 s for
 // the rates over the last minute, the journals every second for the
 // recent history), which ends with the HTTP servers (httpCtx).
-func (a *App) uiHandler() http.Handler {
+func (a *Slot) uiHandler() http.Handler {
 	qc := a.worker.Config()
 	started := time.Now()
-	counts, size := a.requestCounts, a.store.Engine().DiskUsage
+	counts, size := a.RequestCounts, a.store.Engine().DiskUsage
 	var group func() *ui.Group
 	if h := a.host; h != nil {
 		// A member's page: the member's figures (every slot it runs),
@@ -43,7 +43,7 @@ func (a *App) uiHandler() http.Handler {
 	smp.rates.add(time.Now(), base)
 	go smp.run(a.httpCtx, a)
 	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
-	h := ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.journals, Logger: a.log,
+	h := ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.Journals, Logger: a.log,
 		DeadLetters: dlq, Pause: a.worker, Progress: smp.progress, Group: group,
 		Results: client.ResultStream{JS: a.worker.JetStream(), Stream: qc.ResStream, Prefix: qc.Prefix},
 		Finished: func() []ui.FinishedJournal {
@@ -52,7 +52,7 @@ func (a *App) uiHandler() http.Handler {
 		},
 		Overview: func(ctx context.Context, p api.Principal) ui.Overview {
 			o := ui.Overview{Pending: "-", AckPending: "-", OldestPending: "-", DeadLetters: "-", ReaperResult: "-", ReaperLast: "not yet",
-				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", Build.Version, Build.Revision)}
+				Partitions: a.partitions(), Build: fmt.Sprintf("telha-cascade %s (revision %s)", a.opts.Build.Version, a.opts.Build.Revision)}
 			if a.slotView != nil {
 				o.Slots = a.slotView()
 			}
@@ -64,7 +64,7 @@ func (a *App) uiHandler() http.Handler {
 				// only, none of the worker's own figures (they count every
 				// tenant's requests).
 				o.Scoped = true
-				for _, j := range a.journals() {
+				for _, j := range a.Journals() {
 					if p.Sees(j.Tenant) {
 						o.Journals++
 					}
@@ -79,7 +79,7 @@ func (a *App) uiHandler() http.Handler {
 			o.NATSOK = a.nc.IsConnected()
 			o.NATS = strings.ToLower(a.nc.Status().String())
 			if o.NATSOK {
-				o.NATS = "connected to " + RedactURLs(a.nc.ConnectedUrl())
+				o.NATS = "connected to " + a.nc.ConnectedUrlRedacted()
 			}
 			if counts, err := counts(); err == nil {
 				// Rates over the last minute, from the sampler's ring (a
@@ -159,7 +159,7 @@ type uiPage struct {
 // and finishes between two of the sampler's looks (a second apart) is
 // listed too (issue 30: the demo's 20,001-edge journal took 0.10 s). A
 // finish before the page is up is not recorded.
-func (a *App) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err error) {
+func (a *Slot) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err error) {
 	p := a.uiH.Load()
 	if p == nil {
 		return
@@ -173,7 +173,7 @@ func (a *App) uiJournalFinished(e *storage.JournalEntry, rc storage.Receipt, err
 // newest first (none before the page is up): in memory only, as the
 // reaper's hook recorded each at its finish (uiJournalFinished), so the
 // member's record and page read no store for it.
-func (a *App) recentlyFinished() []ui.FinishedJournal {
+func (a *Slot) RecentlyFinished() []ui.FinishedJournal {
 	p := a.uiH.Load()
 	if p == nil {
 		return nil
@@ -184,8 +184,8 @@ func (a *App) recentlyFinished() []ui.FinishedJournal {
 	return nil
 }
 
-// requestCounts is telha_requests_total summed by status.
-func (a *App) requestCounts() (map[string]float64, error) {
+// RequestCounts is telha_requests_total summed by status.
+func (a *Slot) RequestCounts() (map[string]float64, error) {
 	fams, err := a.metrics.Registry.Gather()
 	if err != nil {
 		return nil, err
@@ -204,7 +204,7 @@ func (a *App) requestCounts() (map[string]float64, error) {
 // roundUptime is a duration for people: 3d4h5m, 4h5m6s, 5m6s, 6s.
 // slotSummary is this slot's queue and reaper in a line each, for a
 // member's slots table (the overview's cards are one slot's).
-func (a *App) slotSummary(now time.Time) (queue, reaper string) {
+func (a *Slot) Summary(now time.Time) (queue, reaper string) {
 	queue, reaper = "-", "not yet"
 	if a.worker != nil {
 		if st := a.worker.Stats(); st != nil {
@@ -253,7 +253,7 @@ type uiSampler struct {
 // rateEvery is the rate ring's sampling period.
 const rateEvery = 5 * time.Second
 
-func (s *uiSampler) run(ctx context.Context, a *App) {
+func (s *uiSampler) run(ctx context.Context, a *Slot) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	last := time.Now()
@@ -289,7 +289,7 @@ func label(m *dto.Metric, name string) string {
 }
 
 // partitions is /v1/partitions' answer.
-func (a *App) partitions() api.Partitions {
+func (a *Slot) partitions() api.Partitions {
 	return api.Partitions{Partitions: a.cfg.Partitions, Replica: a.cfg.Owner.Index, Replicas: a.cfg.Owner.Count,
 		Owned: a.cfg.Owner.Partitions(a.cfg.Partitions),
 		Rule:  "a tenant's partition is fnv1a32(tenant) % partitions; replica i of N owns the partitions p with p % N == i"}
@@ -448,13 +448,13 @@ func (h *journalHistory) finished(e *storage.JournalEntry, rc storage.Receipt, e
 }
 
 // observe compares the journals now with the last look, and returns them.
-func (h *journalHistory) observe(a *App, now time.Time) []api.Journal {
+func (h *journalHistory) observe(a *Slot, now time.Time) []api.Journal {
 	// The list is read under the lock: two observers (the sampler and a
 	// page) comparing lists read out of order would report a journal that
 	// started between their reads as finished.
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	cur := a.journals()
+	cur := a.Journals()
 	if h.live == nil {
 		h.live = map[string]seenJournal{}
 	}

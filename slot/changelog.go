@@ -1,10 +1,9 @@
-package app
+package slot
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -24,7 +23,7 @@ import (
 // The changelog, step A of issue 21: "lose a pod's disk, lose nothing" for
 // the static --partition-owner i/N layout.
 //
-// With --changelog jetstream, the replica's store (every partition of its
+// With --changelog jetstream, the slot's store (every partition of its
 // owner slice, one Pebble) is backed by one changelog:
 //
 //	stream   TELHA_LOG_STATIC<N>_<i>     subject telha.static<N>.log.<i>
@@ -66,66 +65,7 @@ const (
 	ChangelogJetStream = "jetstream"
 )
 
-func registerChangelog(fs *flag.FlagSet, c *Config) {
-	fs.StringVar(&c.Changelog, "changelog", ChangelogOff, "off: the local Pebble is the only copy of this replica's data (every commit fsynced); "+
-		"jetstream: every committed batch is first appended to a replicated JetStream stream (TELHA_LOG_STATIC<N>_<i>) and only then committed locally, "+
-		"without fsync; checkpoints go to the Object Store bucket TELHA_CKPT_STATIC<N>; a replica that starts on an empty or lost disk restores "+
-		"the newest checkpoint and replays the changelog before it serves. An erase reaches both before its result: the store is checkpointed (incrementally), "+
-		"the changelog purged whole and every older checkpoint deleted (a sealed table by destroying its key), beside the writer")
-	fs.IntVar(&c.ChangelogReplicas, "changelog-replicas", 0, "replicas of the changelog stream and the checkpoint bucket (0: --stream-replicas; 3 on a JetStream cluster)")
-	fs.StringVar(&c.CheckpointSchedule, "checkpoint-schedule", "@every 10m", "cron spec of checkpoints with --changelog jetstream (5 fields, or a descriptor such as @every 10m); "+
-		"a restore replays the changelog written since the newest one")
-	fs.IntVar(&c.CheckpointsKeep, "checkpoints-keep", 2, "checkpoints kept with --changelog jetstream; the changelog is purged below the oldest one kept")
-	c.CheckpointUploadRate = 16 << 20
-	fs.Var((*byteSize)(&c.CheckpointUploadRate), "checkpoint-upload-rate", "bytes per second (or with a unit: 16MiB) at which a serving slot's checkpoints and erase scrubs upload their tables, "+
-		"leaving NATS room for the slot's commits, but never stretching one save's upload past 2 s (faster when its bytes need it); 0: as fast as NATS takes them. "+
-		"The seed checkpoint, and an erase's last save (which holds the writer), are not paced")
-}
-
-func (c *Config) validateChangelog() []error {
-	var errs []error
-	if c.Changelog != ChangelogOff && c.Changelog != ChangelogJetStream {
-		errs = append(errs, fmt.Errorf("--changelog must be off or jetstream, got %q", c.Changelog))
-	}
-	if c.ChangelogReplicas < 0 || c.ChangelogReplicas > 5 {
-		errs = append(errs, fmt.Errorf("--changelog-replicas must be between 0 (--stream-replicas) and 5, got %d", c.ChangelogReplicas))
-	}
-	if _, err := reaper.ParseSchedule(c.CheckpointSchedule); err != nil {
-		errs = append(errs, fmt.Errorf("--checkpoint-schedule %q: %v", c.CheckpointSchedule, err))
-	}
-	if c.CheckpointsKeep < 1 {
-		errs = append(errs, fmt.Errorf("--checkpoints-keep must be at least 1, got %d", c.CheckpointsKeep))
-	}
-	if c.CheckpointUploadRate < 0 {
-		errs = append(errs, fmt.Errorf("--checkpoint-upload-rate must be 0 (unpaced) or more, got %d", c.CheckpointUploadRate))
-	}
-	return errs
-}
-
-// changelogReplicas is --changelog-replicas, defaulted to --stream-replicas.
-func (c *Config) changelogReplicas() int {
-	if c.ChangelogReplicas > 0 {
-		return c.ChangelogReplicas
-	}
-	return c.StreamReplicas
-}
-
-// changelogConfig names this replica's changelog (see the file comment).
-func (c *Config) changelogConfig() partition.Config {
-	return partition.Config{
-		Partition:     c.Owner.Index,
-		StreamPrefix:  fmt.Sprintf("TELHA_LOG_STATIC%d", c.Owner.Count),
-		SubjectPrefix: fmt.Sprintf("telha.static%d", c.Owner.Count),
-		Replicas:      c.changelogReplicas(),
-	}
-}
-
-// checkpointConfig names this replica's checkpoint bucket.
-func (c *Config) checkpointConfig() partition.CheckpointConfig {
-	return partition.CheckpointConfig{Bucket: fmt.Sprintf("TELHA_CKPT_STATIC%d", c.Owner.Count), Replicas: c.changelogReplicas()}
-}
-
-// ChangelogStatus is what this replica knows of its changelog: how it
+// ChangelogStatus is what this slot knows of its changelog: how it
 // started, and its checkpoints since. The metrics package is another
 // engineer's; until it carries these, they are logged and kept here.
 type ChangelogStatus struct {
@@ -168,8 +108,9 @@ type ScrubStatus struct {
 	BytesCollected  uint64
 }
 
-// changelog is the running changelog of a replica.
-type changelog struct {
+// Changelog is the running changelog of a slot (the owner's), or the
+// catch-up of a standby's copy (CatchUp).
+type Changelog struct {
 	cfg  Config
 	log  *slog.Logger
 	js   jetstream.JetStream
@@ -204,9 +145,9 @@ type changelog struct {
 	stop   context.CancelFunc
 }
 
-// ChangelogStatus returns the replica's changelog status (Mode "off"
+// ChangelogStatus returns the slot's changelog status (Mode "off"
 // when --changelog off).
-func (a *App) ChangelogStatus() ChangelogStatus {
+func (a *Slot) ChangelogStatus() ChangelogStatus {
 	if a.changelog == nil {
 		return ChangelogStatus{Mode: ChangelogOff}
 	}
@@ -217,29 +158,29 @@ func (a *App) ChangelogStatus() ChangelogStatus {
 
 // Checkpoint takes a checkpoint now (as the schedule does): tests, and an
 // operator's "checkpoint before maintenance".
-func (a *App) Checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
+func (a *Slot) Checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
 	if a.changelog == nil {
 		return partition.CheckpointInfo{}, errors.New("--changelog off: no checkpoints")
 	}
 	return a.changelog.checkpoint(ctx)
 }
 
-// openChangelog opens the worker's changelog (openChangelog).
-func (a *App) openChangelog(ctx context.Context) (*changelog, error) {
-	return openChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
+// openChangelog opens the slot's changelog (OpenChangelog).
+func (a *Slot) openChangelog(ctx context.Context) (*Changelog, error) {
+	return OpenChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
 }
 
-// openChangelog opens the changelog stream of cfg's replica (a member's
+// OpenChangelog opens the changelog stream of cfg's slot (a member's
 // slot) and the checkpoint bucket, retrying while NATS is unreachable (an
 // external cluster may start after the worker), and saying so through
 // setPhase. standbys (nil: none) lists the applied sequences of the
 // slot's tailing standbys. It returns nil, nil when ctx ends first.
-func openChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Logger, standbys func() []uint64, setPhase func(string)) (*changelog, error) {
+func OpenChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Logger, standbys func() []uint64, setPhase func(string)) (*Changelog, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("changelog: %w", err)
 	}
-	pc, cc := cfg.changelogConfig(), cfg.checkpointConfig()
+	pc, cc := cfg.ChangelogConfig(), cfg.CheckpointConfig()
 	// Short attempts: a JetStream cluster answers concurrent creates of one
 	// stream (an owner and its standby starting at once) late or never
 	// (nats-server#3677); the stream exists, and the retry binds it.
@@ -253,7 +194,7 @@ func openChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Log
 		}
 		cancel()
 		if err == nil {
-			c := &changelog{cfg: cfg, log: log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: standbys,
+			c := &Changelog{cfg: cfg, log: log, js: js, cl: cl, obs: obs, part: pc.Partition, standbys: standbys,
 				run: make(chan struct{}, 1), chunk: partition.ChunkSizeFor(nc.MaxPayload()), staging: cfg.DataDir}
 			c.status = ChangelogStatus{Mode: ChangelogJetStream, Stream: cl.Config().StreamName(), Subject: cl.Config().Subject(),
 				Bucket: cc.Bucket, Partition: pc.Partition}
@@ -276,18 +217,24 @@ func openChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Log
 // logIdentity is the identity of the changelog stream as it exists now:
 // its name and creation time (a stream deleted and created again is
 // another log), with its first and last sequences.
-func (c *changelog) logIdentity(ctx context.Context) (id string, first, last uint64, err error) {
+func (c *Changelog) LogIdentity(ctx context.Context) (id string, first, last uint64, err error) {
+	return LogIdentity(ctx, c.js, c.status.Stream)
+}
+
+// LogIdentity is the identity of the changelog stream named stream as it
+// exists now (Changelog.LogIdentity), without opening it.
+func LogIdentity(ctx context.Context, js jetstream.JetStream, stream string) (id string, first, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, startCallTimeout)
 	defer cancel()
-	s, err := c.js.Stream(ctx, c.status.Stream)
+	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return "", 0, 0, fmt.Errorf("changelog %s: %w", c.status.Stream, err)
+		return "", 0, 0, fmt.Errorf("changelog %s: %w", stream, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return "", 0, 0, fmt.Errorf("changelog %s: %w", c.status.Stream, err)
+		return "", 0, 0, fmt.Errorf("changelog %s: %w", stream, err)
 	}
-	return c.status.Stream + "@" + info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
+	return stream + "@" + info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
 }
 
 // errChangelogConflict: the local store and the changelog disagree in a
@@ -298,9 +245,9 @@ var errChangelogConflict = errors.New("changelog conflict")
 // store opens on it, and fences any earlier writer (see the file comment).
 // A Pebble fatal error here panics (OpenPebble without a handler): the
 // supervisor's restart tries again.
-func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes) error {
+func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes) error {
 	start := time.Now()
-	db, err := c.catchUp(ctx, dir, sizes, false)
+	db, err := c.CatchUp(ctx, dir, sizes, false)
 	if err != nil {
 		return err
 	}
@@ -333,17 +280,17 @@ func (c *changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 	return db.Close()
 }
 
-// errStandbySeed: a standby found a log to seed; only an owner seeds.
-var errStandbySeed = errors.New("changelog: a standby does not seed a changelog (its owner does)")
+// ErrStandbySeed: a standby found a log to seed; only an owner seeds.
+var ErrStandbySeed = errors.New("changelog: a standby does not seed a changelog (its owner does)")
 
-// catchUp is prepare up to the claim: it returns the Pebble in dir, open,
+// CatchUp is prepare up to the claim: it returns the Pebble in dir, open,
 // at the changelog's end (a standby goes on with Tail from there). A
 // standby never seeds the log from its local data.
-func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool) (*pebble.DB, error) {
+func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool) (*pebble.DB, error) {
 	if !bytes.Equal(storage.AppliedSeqKey(), partition.AppliedKey()) {
 		return nil, fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
 	}
-	id, first, last, err := c.logIdentity(ctx)
+	id, first, last, err := c.LogIdentity(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -372,7 +319,7 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 			return nil, err
 		}
 		db = pe.DB
-		empty, err := isEmpty(db)
+		empty, err := IsEmpty(db)
 		if err != nil {
 			return nil, err
 		}
@@ -437,7 +384,7 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 			c.log.Info("changelog: seeding the changelog from the local store (checkpoint at sequence 0)",
 				"stream", c.status.Stream, "previous_log", lid)
 			if standby {
-				return nil, fmt.Errorf("%w: %s holds data and the changelog %s is empty", errStandbySeed, dir, c.status.Stream)
+				return nil, fmt.Errorf("%w: %s holds data and the changelog %s is empty", ErrStandbySeed, dir, c.status.Stream)
 			}
 			if err := partition.AttachLog(db, id, 0); err != nil {
 				return nil, err
@@ -498,17 +445,17 @@ func (c *changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 }
 
 // startCallTimeout bounds one JetStream call of a start (catchUp): a
-// core's context has no deadline, and a call that is never answered would
+// slot's context has no deadline, and a call that is never answered would
 // hold its slot's start, silently, for good.
 const startCallTimeout = 5 * time.Second
 
 // anyCheckpoint reports whether the bucket holds a checkpoint of this
-// replica's slice, retrying (and saying why) until ctx ends. Each listing
+// slot's slice, retrying (and saying why) until ctx ends. Each listing
 // is bounded: the client's List of an empty bucket waits for its context
 // when its first read of the bucket goes unanswered (a bucket just
 // created, whose direct gets have no responder yet: "no responders"), and
 // a start's context has no deadline.
-func (c *changelog) anyCheckpoint(ctx context.Context) (bool, error) {
+func (c *Changelog) anyCheckpoint(ctx context.Context) (bool, error) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		lctx, cancel := context.WithTimeout(ctx, startCallTimeout)
 		cps, err := partition.ListCheckpoints(lctx, c.obs, c.part)
@@ -529,7 +476,7 @@ func (c *changelog) anyCheckpoint(ctx context.Context) (bool, error) {
 }
 
 // restore replaces dir by the newest checkpoint.
-func (c *changelog) restore(ctx context.Context, dir string) (uint64, error) {
+func (c *Changelog) restore(ctx context.Context, dir string) (uint64, error) {
 	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
 	if err != nil {
 		return 0, err
@@ -549,8 +496,8 @@ func (c *changelog) restore(ctx context.Context, dir string) (uint64, error) {
 	return seq, nil
 }
 
-// dropCheckpoints deletes every checkpoint of this replica's slice.
-func (c *changelog) dropCheckpoints(ctx context.Context) error {
+// dropCheckpoints deletes every checkpoint of this slot's slice.
+func (c *Changelog) dropCheckpoints(ctx context.Context) error {
 	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
 	if err != nil {
 		return err
@@ -568,11 +515,11 @@ func (c *changelog) dropCheckpoints(ctx context.Context) error {
 // server's files too (partition.DeleteCheckpoint): a checkpoint pruned
 // before an erase would otherwise keep the erased data in the bucket's
 // block files.
-func (c *changelog) deleteCheckpoint(ctx context.Context, name string) error {
+func (c *Changelog) deleteCheckpoint(ctx context.Context, name string) error {
 	return partition.DeleteCheckpoint(ctx, c.js, c.obs, c.status.Bucket, name)
 }
 
-func isEmpty(db *pebble.DB) (bool, error) {
+func IsEmpty(db *pebble.DB) (bool, error) {
 	it, err := db.NewIter(nil)
 	if err != nil {
 		return false, err
@@ -582,7 +529,7 @@ func isEmpty(db *pebble.DB) (bool, error) {
 }
 
 // start runs checkpoints of db on the schedule until stopCheckpoints.
-func (c *changelog) start(db *pebble.DB) error {
+func (c *Changelog) start(db *pebble.DB) error {
 	c.tables.Reset() // another Pebble: its table names say nothing of the last one's
 	c.db.Store(db)
 	sched, err := reaper.ParseSchedule(c.cfg.CheckpointSchedule)
@@ -610,7 +557,7 @@ func (c *changelog) start(db *pebble.DB) error {
 
 // stopCheckpoints stops the schedule; wait: also wait for a checkpoint
 // that is running (not after a fatal storage error: it may never end).
-func (c *changelog) stopCheckpoints(wait bool) {
+func (c *Changelog) stopCheckpoints(wait bool) {
 	if c.cron == nil {
 		return
 	}
@@ -622,7 +569,7 @@ func (c *changelog) stopCheckpoints(wait bool) {
 }
 
 // lock takes c.run, or fails when ctx ends first.
-func (c *changelog) lock(ctx context.Context) error {
+func (c *Changelog) lock(ctx context.Context) error {
 	select {
 	case c.run <- struct{}{}:
 		return nil
@@ -631,17 +578,17 @@ func (c *changelog) lock(ctx context.Context) error {
 	}
 }
 
-func (c *changelog) unlock() { <-c.run }
+func (c *Changelog) unlock() { <-c.run }
 
 // saveOptions are the options of every save of this changelog's store.
-func (c *changelog) saveOptions() partition.SaveOptions {
+func (c *Changelog) saveOptions() partition.SaveOptions {
 	return partition.SaveOptions{Staging: c.staging, Tables: &c.tables, ChunkSize: c.chunk}
 }
 
 // pacedSaveOptions is saveOptions for a save beside a serving slot (a
 // scheduled checkpoint, an erase's first save): paced at
 // --checkpoint-upload-rate.
-func (c *changelog) pacedSaveOptions() partition.SaveOptions {
+func (c *Changelog) pacedSaveOptions() partition.SaveOptions {
 	o := c.saveOptions()
 	o.Rate = c.cfg.CheckpointUploadRate
 	return o
@@ -651,7 +598,7 @@ func (c *changelog) pacedSaveOptions() partition.SaveOptions {
 // the changelog below the oldest kept and below what each tailing standby
 // still needs (dynamic mode), and collects the tables no kept checkpoint
 // holds.
-func (c *changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
+func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, error) {
 	// The standbys' positions are read before the lock: the member that
 	// reports them takes its own lock, and may hold it while it reads this
 	// changelog's status. Positions read earlier are only lower (safer).
@@ -731,7 +678,7 @@ const standbyCatchUpWait = 10 * time.Second
 // The older checkpoints are deleted only once the new one is stored, so a
 // restore at any point finds a clean one; the changelog is purged only
 // once a checkpoint at its last sequence is stored.
-func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter func(context.Context, func() error) error) (err error) {
+func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter func(context.Context, func() error) error) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, copyScrubTimeout)
 	defer cancel()
 	if err := c.lock(ctx); err != nil {
@@ -830,7 +777,7 @@ func (c *changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	return nil
 }
 
-func (c *changelog) step(name string) {
+func (c *Changelog) step(name string) {
 	if c.scrubStep != nil {
 		c.scrubStep(name)
 	}
@@ -847,7 +794,7 @@ func ifNew(b, a partition.CheckpointInfo) partition.CheckpointInfo {
 
 // waitStandbys waits, bounded by standbyCatchUpWait, until every ready
 // standby of the slot reports an applied sequence of at least seq.
-func (c *changelog) waitStandbys(ctx context.Context, seq uint64) {
+func (c *Changelog) waitStandbys(ctx context.Context, seq uint64) {
 	if c.standbys == nil {
 		return
 	}
@@ -873,4 +820,23 @@ func (c *changelog) waitStandbys(ctx context.Context, seq uint64) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// Log is the changelog stream the slot appends to (or a standby tails).
+func (c *Changelog) Log() *partition.Changelog { return c.cl }
+
+// Status is what the changelog knows of its start and checkpoints.
+func (c *Changelog) Status() ChangelogStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// ChangelogLast is the last sequence the slot's changelog appended or
+// replayed (0 with --changelog off).
+func (a *Slot) ChangelogLast() uint64 {
+	if a.changelog == nil {
+		return 0
+	}
+	return a.changelog.cl.Last()
 }
