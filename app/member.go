@@ -111,8 +111,11 @@ type memberRun struct {
 	// dropping: a copy without a role being inspected and removed
 	// (dropRoleless); no run of that slot starts meanwhile.
 	dropping map[int]bool
-	assign   []member.Assignment
-	members  []member.Member
+	// kept: a promoted standby's Pebble, still open, for the owner run
+	// that starts next (standby.go keep; under mu).
+	kept    map[int]*storage.PebbleEngine
+	assign  []member.Assignment
+	members []member.Member
 	// routes: per slot, the route reads are forwarded on (its owner's
 	// URL) and a context cancelled when it changes (ownerRoute).
 	routes  map[int]*slotRoute
@@ -158,6 +161,7 @@ type slotRun struct {
 	app      atomic.Pointer[slot.Slot] // owner: the slot, once ready
 	applied  atomic.Uint64             // standby: applied sequence
 	ready    atomic.Bool               // standby: tailing
+	promote  atomic.Bool               // standby: halted to be promoted; its tail keeps the copy open
 	stopping atomic.Bool
 	served   atomic.Bool // owner: it became ready once
 	started  time.Time
@@ -213,7 +217,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		incarnation: uuid.NewString(),
-		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{},
+		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{}, kept: map[int]*storage.PebbleEngine{},
 		fatal:   make(chan error, 1),
 		wake:    make(chan struct{}, 1),
 		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -743,10 +747,12 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 				continue
 			}
 			if r != nil {
-				// A standby: promote it. Its tail stops first (it holds the
-				// slot's Pebble); the slot starts in the round its exit
-				// wakes. Never waited for here, under mu: a tail stuck in a
-				// NATS call would stop every slot of this member.
+				// A standby: promote it in place. Its tail stops first and
+				// keeps the slot's Pebble open (keep); the slot starts on it
+				// in the round its exit wakes. Never waited for here, under
+				// mu: a tail stuck in a NATS call would stop every slot of
+				// this member.
+				r.promote.Store(true)
 				r.halt()
 				continue
 			}
@@ -852,6 +858,7 @@ func (m *memberRun) stopRun(r *slotRun, async bool) {
 // no copy of a tenant's data lingers where nothing tails the changelog
 // (an erase reaches only the copies that follow it).
 func (m *memberRun) dropCopy(s int) {
+	m.closeKept(s)
 	if err := os.RemoveAll(m.slotDir(s)); err != nil {
 		m.log.Warn("member: removing the copy of a slot no longer held", "slot", s, "err", err)
 	}
@@ -883,6 +890,11 @@ func (m *memberRun) stopAll() {
 	for _, r := range runs {
 		<-r.done
 	}
+	m.mu.Lock()
+	for s := range m.kept {
+		m.closeKept(s)
+	}
+	m.mu.Unlock()
 }
 
 func (m *memberRun) slotDir(s int) string {
@@ -914,6 +926,10 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.Conn = m.nc   // one NATS connection per member, not one per slot
 	o.Auth = m.auth // one access control, refusals counted once
 	o.Host = m.host()
+	if pe := m.kept[s]; pe != nil { // m.mu held
+		o.Copy = pe // promoted in place: the slot takes the standby's open Pebble
+		delete(m.kept, s)
+	}
 	o.OnReady = func(a *slot.Slot) {
 		r.served.Store(true)
 		r.app.Store(a)
@@ -921,7 +937,8 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 		if st.ClaimSeq > 1 && !st.Seeded {
 			m.fenced.Add(1)
 		}
-		m.log.Info("member: serving a slot", "slot", s, "epoch", epoch, "start_took", st.StartTook, "restored", st.Restored, "replayed", st.Replayed)
+		m.log.Info("member: serving a slot", "slot", s, "epoch", epoch, "start_took", st.StartTook, "restored", st.Restored, "replayed", st.Replayed,
+			"in_place", st.InPlace)
 		if m.opts.OnReady != nil {
 			m.opts.OnReady(a)
 		}

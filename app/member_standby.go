@@ -68,8 +68,9 @@ func (v *standbyView) refresh(applied func() uint64, need uint64) error {
 // tx; a journal removed since still fences, so a read answers below it).
 const standbyRefreshEvery = 100 * time.Millisecond
 
-// startStandby starts a warm copy of slot s.
+// startStandby starts a warm copy of slot s (m.mu held).
 func (m *memberRun) startStandby(s int) *slotRun {
+	m.closeKept(s) // the tail opens the copy itself
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &slotRun{slot: s, role: roleStandby, stop: cancel, done: make(chan struct{}), started: time.Now()}
 	log := m.log.With("slot", s, "role", roleStandby)
@@ -108,12 +109,20 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 	}
 	t0 := time.Now()
 	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
-	// The slot's own directory: promoting the standby opens this Pebble.
-	db, err := cl.CatchUp(ctx, filepath.Join(m.slotDir(s), "pebble"), sizes, true)
+	// The slot's own directory, and its Pebble: a promotion hands it over
+	// open to the slot (in place: no close and reopen).
+	pe, err := cl.CatchUp(ctx, filepath.Join(m.slotDir(s), "pebble"), sizes, true)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer func() {
+		if r.promote.Load() {
+			m.keep(s, pe)
+			return
+		}
+		_ = pe.Close()
+	}()
+	db := pe.DB
 	applied, err := partition.AppliedSeq(db)
 	if err != nil {
 		return err
@@ -123,7 +132,7 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 	r.viewMu.Lock()
 	r.copyDB = db
 	r.viewMu.Unlock()
-	defer r.dropView() // before db.Close (deferred first): waits out the reads
+	defer r.dropView() // before the close or the handover (deferred first): waits out the reads
 	r.ready.Store(true)
 	log.Info("member: standby caught up; tailing the changelog", "applied", applied, "restored", cl.Status().Restored, "replayed", cl.Status().Replayed, "took", time.Since(t0))
 	return cl.Log().Tail(ctx, applied+1, func(seq uint64, ws []byte) error {
@@ -136,6 +145,28 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		r.applied.Store(seq)
 		return nil
 	})
+}
+
+// keep holds slot s's Pebble, which its standby had open, for the slot's
+// owner run that the promotion starts next (startOwner). A copy kept
+// before and never taken is closed first.
+func (m *memberRun) keep(s int, pe *storage.PebbleEngine) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.kept[s]; old != nil {
+		_ = old.Close()
+	}
+	m.kept[s] = pe
+}
+
+// closeKept closes slot s's kept Pebble, if any: the slot was not
+// promoted after all (its next run opens the copy again), or its copy is
+// going (m.mu held).
+func (m *memberRun) closeKept(s int) {
+	if pe := m.kept[s]; pe != nil {
+		_ = pe.Close()
+		delete(m.kept, s)
+	}
 }
 
 // dropView lets go of the standby's copy: it waits for the reads in

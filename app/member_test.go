@@ -231,8 +231,9 @@ func TestMembersInProcessHandOff(t *testing.T) {
 		t.Fatal("m0 did not hand off and stop within 60 s")
 	}
 	m1.settledOn(t, "m1")
-	// The slot m0 handed off was promoted from m1's warm standby: its core
-	// opened the standby's copy and replayed only the tail, no restore.
+	// The slot m0 handed off was promoted from m1's warm standby in place:
+	// the slot took the standby's Pebble, still open, and replayed only the
+	// tail, no restore and no reopen.
 	moved := 0
 	if v.Assignments[0].Owner == "m1" {
 		moved = 1
@@ -243,8 +244,8 @@ func TestMembersInProcessHandOff(t *testing.T) {
 	if promoted == nil {
 		t.Fatalf("no core of slot %d on m1", moved)
 	}
-	if st := promoted.ChangelogStatus(); st.Restored || st.ReplayFrom <= 1 {
-		t.Fatalf("slot %d on m1 started with restored=%v, replay from %d: not from its warm standby's copy", moved, st.Restored, st.ReplayFrom)
+	if st := promoted.ChangelogStatus(); st.Restored || st.ReplayFrom <= 1 || !st.InPlace {
+		t.Fatalf("slot %d on m1 started with restored=%v, replay from %d, in place %v: not on its warm standby's open copy", moved, st.Restored, st.ReplayFrom, st.InPlace)
 	}
 	publish(1)
 	read(m1)

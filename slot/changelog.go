@@ -84,6 +84,7 @@ type ChangelogStatus struct {
 	ReplayFrom  uint64 // the first sequence replayed
 	Replayed    int    // write-sets replayed
 	ClaimSeq    uint64 // the sequence of this process's claim marker
+	InPlace     bool   // the store opened on a standby's copy, still open (promoted in place)
 	StartTook   time.Duration
 
 	// Checkpoints.
@@ -243,20 +244,18 @@ var errChangelogConflict = errors.New("changelog conflict")
 
 // prepare brings the Pebble in dir up to the changelog's end before the
 // store opens on it, and fences any earlier writer (see the file comment).
-// A Pebble fatal error here panics (OpenPebble without a handler): the
-// supervisor's restart tries again.
-func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes) error {
+// It returns that Pebble, open, for the store (storage.OpenStoreOn): no
+// close and reopen between the catch-up and the serving. kept, when not
+// nil, is the slot's Pebble already open (a standby promoted in place):
+// it is caught up from where it stands. A Pebble fatal error here panics
+// (no store to record it yet): the supervisor's restart tries again.
+func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes, kept *storage.PebbleEngine) (*storage.PebbleEngine, error) {
 	start := time.Now()
-	db, err := c.CatchUp(ctx, dir, sizes, false)
+	pe, err := c.catchUp(ctx, dir, sizes, false, kept)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			_ = db.Close()
-		}
-	}()
+	db := pe.DB
 	// The claim: a write-set of log data only (no key), appended now so
 	// that a previous writer still running (a zombie) is fenced at once
 	// rather than at our first request.
@@ -267,17 +266,19 @@ func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 	_ = claim.Close()
 	seq, err := c.cl.Append(ctx, ws)
 	if err != nil {
-		return fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
+		_ = pe.Close()
+		return nil, fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
 	}
 	if err := partition.ApplyTo(db, seq, ws, true); err != nil {
-		return fmt.Errorf("changelog: claim: %w", err)
+		_ = pe.Close()
+		return nil, fmt.Errorf("changelog: claim: %w", err)
 	}
 	c.status.ClaimSeq = seq
 	c.status.StartTook = time.Since(start)
+	c.status.InPlace = kept != nil
 	c.log.Info("changelog: caught up", "stream", c.status.Stream, "restored", c.status.Restored, "restored_seq", c.status.RestoredSeq,
-		"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "took", c.status.StartTook)
-	closed = true
-	return db.Close()
+		"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "in_place", kept != nil, "took", c.status.StartTook)
+	return pe, nil
 }
 
 // ErrStandbySeed: a standby found a log to seed; only an owner seeds.
@@ -286,7 +287,25 @@ var ErrStandbySeed = errors.New("changelog: a standby does not seed a changelog 
 // CatchUp is prepare up to the claim: it returns the Pebble in dir, open,
 // at the changelog's end (a standby goes on with Tail from there). A
 // standby never seeds the log from its local data.
-func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool) (*pebble.DB, error) {
+func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool) (*storage.PebbleEngine, error) {
+	return c.catchUp(ctx, dir, sizes, standby, nil)
+}
+
+// catchUp is CatchUp, starting from kept when it is not nil (the Pebble
+// of dir, already open: it is inspected as if just opened, and closed on
+// an error like one it opened).
+func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool, kept *storage.PebbleEngine) (*storage.PebbleEngine, error) {
+	var pe *storage.PebbleEngine
+	closeDB := func() error {
+		if pe == nil {
+			return nil
+		}
+		err := pe.Close()
+		pe = nil
+		return err
+	}
+	pe = kept
+	defer closeDB()
 	if !bytes.Equal(storage.AppliedSeqKey(), partition.AppliedKey()) {
 		return nil, fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
 	}
@@ -303,22 +322,15 @@ func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes
 		c.log.Info("changelog: removed staging directories a crash left", "dir", c.staging, "removed", removed)
 	}
 	restored := false
-	var db *pebble.DB
-	closeDB := func() error {
-		if db == nil {
-			return nil
-		}
-		err := db.Close()
-		db = nil
-		return err
-	}
-	defer closeDB()
 	for {
-		pe, err := storage.OpenPebble(dir, nil, nil, nil, nil, sizes)
-		if err != nil {
-			return nil, err
+		if pe == nil {
+			// The slot's logger, and no fatal handler yet: the store that
+			// opens on this Pebble takes its fatal errors (OpenStoreOn).
+			if pe, err = storage.OpenPebble(dir, nil, c.log, nil, nil, sizes); err != nil {
+				return nil, err
+			}
 		}
-		db = pe.DB
+		db := pe.DB
 		empty, err := IsEmpty(db)
 		if err != nil {
 			return nil, err
@@ -438,8 +450,8 @@ func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes
 		} else if n > 0 {
 			c.log.Info("changelog: compacted the ranges of erases the replay applied", "erases", n)
 		}
-		out := db
-		db = nil // not closed by the defer: the caller's
+		out := pe
+		pe = nil // not closed by the defer: the caller's
 		return out, nil
 	}
 }

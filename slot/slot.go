@@ -93,6 +93,12 @@ type Options struct {
 	// Host, set by a member, gives the status page the member's figures
 	// and the group.
 	Host *Host
+	// Copy, set by a member promoting its standby in place, is the slot's
+	// Pebble the standby had open (caught up to where its tail stopped):
+	// the slot takes it (catches it up, claims, and opens its store on
+	// it), and closes it if it stops first. With --changelog off it is
+	// closed unused.
+	Copy *storage.PebbleEngine
 }
 
 // DeniedReasons are the reasons of telha_api_denied_total.
@@ -325,6 +331,14 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		}
 	}()
 
+	// kept: a standby's copy handed over open (Options.Copy), until the
+	// catch-up takes it; open: the Pebble the catch-up leaves for the store.
+	kept, open := opts.Copy, (*storage.PebbleEngine)(nil)
+	defer func() {
+		if kept != nil {
+			_ = kept.Close()
+		}
+	}()
 	sizes := storage.Sizes{CacheBytes: int64(cfg.CacheMB) << 20, MemTableBytes: uint64(cfg.MemTableMB) << 20}
 	var durable storage.Durable
 	var copies storage.CopyScrubber
@@ -346,12 +360,15 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 			return err // nil: ctx ended first
 		}
 		a.setPhase("changelog: restoring and replaying before serving")
-		if err := cl.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), sizes); err != nil {
+		pe, err := cl.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), sizes, kept)
+		kept = nil // prepare's now: closed on its error, else open for the store
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
+		open = pe
 		cl.scrubStep, cl.scrubFailed = opts.CopyScrubStep, a.metrics.ScrubFailed
 		cl.scrubbedHook = func(s ScrubStatus) {
 			a.metrics.Scrubbed(s.Took, s.WriterHeld, s.BytesUploaded, s.BytesCollected)
@@ -361,7 +378,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		}
 		a.changelog, durable, copies = cl, cl.cl, cl
 	}
-	st, err := storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), storage.Options{
+	so := storage.Options{
 		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
 		OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
 			a.metrics.WriterTask(l.String(), wait, run)
@@ -371,7 +388,15 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		},
 		MinFreeBytes: uint64(cfg.MinFreeDiskMB) << 20, DiskFree: opts.DiskFree,
 		Sizes: sizes, Durable: durable, Copies: copies,
-	})
+	}
+	var st *storage.Store
+	if open != nil {
+		// The Pebble the catch-up left open: no close and reopen (its
+		// memtable and block cache stay warm).
+		st, err = storage.OpenStoreOn(open, filepath.Join(cfg.DataDir, "pebble"), so)
+	} else {
+		st, err = storage.OpenStore(filepath.Join(cfg.DataDir, "pebble"), so)
+	}
 	if err != nil {
 		return err
 	}

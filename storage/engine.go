@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -42,7 +43,13 @@ type Engine interface {
 type PebbleEngine struct {
 	*pebble.DB
 	stalls *StallCounter
+	// fatal receives Pebble's fatal errors (OpenPebble's onFatal, or the
+	// store's once one opens on the engine: OpenStoreOn).
+	fatal *atomic.Pointer[func(string)]
 }
+
+// setFatal routes Pebble's fatal errors to f from now on.
+func (e *PebbleEngine) setFatal(f func(string)) { e.fatal.Store(&f) }
 
 // StallCounter counts Pebble's write stalls (for metrics).
 type StallCounter struct {
@@ -148,7 +155,8 @@ type needsContents struct{ pebble.ArchiveCleaner }
 
 // OpenPebble opens (creating if needed) a Pebble database in dir. fs may be
 // nil (the OS filesystem) or a fault-injecting vfs.FS. onFatal receives
-// Pebble's fatal errors and must not return.
+// Pebble's fatal errors and must not return (nil: Pebble's fatal error
+// panics, until a store opens on the engine: OpenStoreOn).
 func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), adjust func(*pebble.Options), sizes Sizes) (*PebbleEngine, error) {
 	if sizes.CacheBytes == 0 {
 		sizes.CacheBytes = 128 << 20
@@ -159,8 +167,16 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 	cache := pebble.NewCache(sizes.CacheBytes)
 	defer cache.Unref() // the DB holds its own reference
 	stalls := &StallCounter{}
+	fatal := &atomic.Pointer[func(string)]{}
+	if onFatal != nil {
+		fatal.Store(&onFatal)
+	}
 	opts := &pebble.Options{
-		Logger: pebbleLogger{log: log, fatal: onFatal},
+		Logger: pebbleLogger{log: log, fatal: func(msg string) {
+			if f := fatal.Load(); f != nil {
+				(*f)(msg)
+			}
+		}},
 		EventListener: &pebble.EventListener{
 			WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
 				stalls.mu.Lock()
@@ -204,7 +220,7 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 	if err != nil {
 		return nil, fmt.Errorf("%w: open pebble at %s: %w", ErrStorage, dir, err)
 	}
-	return &PebbleEngine{DB: db, stalls: stalls}, nil
+	return &PebbleEngine{DB: db, stalls: stalls, fatal: fatal}, nil
 }
 
 // Stalls returns the engine's write-stall counter.

@@ -128,11 +128,22 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	fatal := newFatalState()
-	pe, err := OpenPebble(dir, opts.FS, log, fatal.raise, opts.Pebble, opts.Sizes)
+	pe, err := OpenPebble(dir, opts.FS, log, nil, opts.Pebble, opts.Sizes)
 	if err != nil {
 		return nil, err
 	}
+	return OpenStoreOn(pe, dir, opts)
+}
+
+// OpenStoreOn opens the store on pe, a Pebble already open in dir (by
+// OpenPebble: a slot's catch-up, or a standby's copy promoted in place),
+// as OpenStore does after its open: the store takes pe (it closes it when
+// the store closes, or now when the open fails) and receives its fatal
+// errors from now on. opts' FS, Pebble and Sizes are the ones pe was
+// opened with; they are not read again.
+func OpenStoreOn(pe *PebbleEngine, dir string, opts Options) (*Store, error) {
+	fatal := newFatalState()
+	pe.setFatal(fatal.raise)
 	var eng Engine = pe
 	if opts.WrapEngine != nil {
 		eng = opts.WrapEngine(eng)
