@@ -1,7 +1,9 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/telha/telha-cascade/member"
 	"github.com/telha/telha-cascade/metrics"
+	"github.com/telha/telha-cascade/queue/client"
 	"github.com/telha/telha-cascade/slot"
 	"github.com/telha/telha-cascade/ui"
 )
@@ -176,7 +179,71 @@ func (m *memberRun) host() *slot.Host {
 		},
 		StoreBytes: func() uint64 { return dirSize(filepath.Join(m.cfg.DataDir, "slots")) },
 		Group:      m.group,
+		Cards:      func(o *ui.Overview, now time.Time) { slot.FillCards(o, now, m.ownedSlots()) },
+		Pause:      memberPause{m},
 	}
+}
+
+// ownedSlots are the serving slots this member owns, by slot.
+func (m *memberRun) ownedSlots() []*slot.Slot {
+	var out []*slot.Slot
+	for _, o := range m.localOwners() {
+		out = append(out, o.app)
+	}
+	return out
+}
+
+// memberPause is the status page's consumer card on a member: it pauses
+// and resumes the consumer of every slot the member owns now (a pause is
+// the consumer's, on the server: it stays with the slot if the slot
+// moves). Its state names the paused consumers when any is paused (the
+// card then offers Resume, which resumes them all), else every consumer.
+type memberPause struct{ m *memberRun }
+
+func (p memberPause) PauseState() client.PauseState {
+	var all, paused []string
+	var st client.PauseState
+	for _, s := range p.m.ownedSlots() {
+		ps := s.Worker().PauseState()
+		all = append(all, ps.Consumer)
+		if ps.Paused {
+			paused = append(paused, ps.Consumer)
+			if !st.Paused || ps.Until.Before(st.Until) {
+				st.Until = ps.Until // the first to end
+			}
+			st.Paused = true
+		}
+	}
+	st.Consumer = strings.Join(all, ", ")
+	if st.Paused {
+		st.Consumer = strings.Join(paused, ", ")
+	}
+	return st
+}
+
+func (p memberPause) Pause(ctx context.Context, until time.Time, by string) (client.PauseState, error) {
+	return p.each(func(s *slot.Slot) error {
+		_, err := s.Worker().Pause(ctx, until, by)
+		return err
+	})
+}
+
+func (p memberPause) Resume(ctx context.Context, by string) (client.PauseState, error) {
+	return p.each(func(s *slot.Slot) error {
+		_, err := s.Worker().Resume(ctx, by)
+		return err
+	})
+}
+
+// each calls fn for every owned slot, all of them even when one fails.
+func (p memberPause) each(fn func(*slot.Slot) error) (client.PauseState, error) {
+	var errs []error
+	for _, s := range p.m.ownedSlots() {
+		if err := fn(s); err != nil {
+			errs = append(errs, fmt.Errorf("slot %d: %w", s.Config().Owner.Index, err))
+		}
+	}
+	return p.PauseState(), errors.Join(errs...)
 }
 
 // dirSize is the size of the files under dir (0 when unreadable).
@@ -215,7 +282,7 @@ func (m *memberRun) group(page int) *ui.Group {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g := &ui.Group{Member: m.id, Owned: []int{}, Journals: journals,
-		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper cards are those of the lowest slot it owns, and each slot's own are in the slots table."}
+		FiguresOf: "The figures above are this member's: the requests its slots answered, its uptime, its copies on disk; the queue, consumer and reaper cards sum up the slots it owns (a pause or resume acts on each of their consumers), and each slot's own are in the slots table."}
 	owns := map[string][]int{}
 	for _, a := range m.assign {
 		if a.Owner != "" {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -1144,6 +1145,61 @@ func TestMemberPageListsItsOtherSlotsJournals(t *testing.T) {
 	}
 	release()
 	mustOK(t, bus.wait(del))
+}
+
+// TestMemberPageCardsSumItsSlots (issue 30 item 6): the overview's cards
+// on a member are the member's, not those of the slot serving the page:
+// a journal in flight on its other slot counts in "Journals in flight",
+// the consumer card names every slot's consumer, and Pause pauses each of
+// them (before: slot 0's only), Resume resumes them.
+func TestMemberPageCardsSumItsSlots(t *testing.T) {
+	ns := testnats.Start(t)
+	hold, opts := newChunkHold()
+	m0 := startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
+	m0.settledOn(t, "m0") // owns both slots; slot 0 serves its page
+	tenant := ""
+	for i := 0; tenant == ""; i++ {
+		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == 1 {
+			tenant = c
+		}
+	}
+	bus := newBus(t, ns)
+	_, del, release := journalHeld(t, bus, hold, tenant)
+	defer release()
+	pc := newPageClient(t, m0.base)
+	if code, page := pc.get("/ui/"); code != 200 || !strings.Contains(page, `id="journals">1</b>`) ||
+		!strings.Contains(page, "telha-worker-0, telha-worker-1: consuming") {
+		t.Fatalf("m0's overview: %d, want the journal held on slot 1 counted and both consumers named:\n%s", code, page)
+	}
+	release()
+	mustOK(t, bus.wait(del))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	paused := func() (n int) {
+		for s := range 2 {
+			st, err := client.ConsumerPause(ctx, bus.js, "TELHA_REQ", client.ConsumerName(s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Paused {
+				n++
+			}
+		}
+		return n
+	}
+	if code, page := pc.post("/ui/consumer/pause", url.Values{"for": {"1h"}}); code != 200 || !strings.Contains(page, `id="consumer-state" class="dead">paused`) {
+		t.Fatalf("pause through m0's page: %d\n%s", code, page)
+	}
+	if n := paused(); n != 2 {
+		t.Fatalf("%d of the 2 slots' consumers paused through m0's page, want both", n)
+	}
+	if code, _ := pc.post("/ui/consumer/resume", url.Values{}); code != 200 {
+		t.Fatalf("resume through m0's page: %d", code)
+	}
+	if n := paused(); n != 0 {
+		t.Fatalf("%d consumers still paused after Resume on m0's page", n)
+	}
 }
 
 // journalHeld tombstones a new hub of tenant with enough edges to be

@@ -115,6 +115,13 @@ type Host struct {
 	StoreBytes func() uint64
 	// Group is the group as the status page served by slot page shows it.
 	Group func(page int) *ui.Group
+	// Cards fills the overview's queue, reaper and journal cards with the
+	// figures of every slot the member owns (a slot's page fills its own
+	// without it).
+	Cards func(o *ui.Overview, now time.Time)
+	// Pause pauses and resumes the consumers of every slot the member
+	// owns (the overview's consumer card).
+	Pause ui.Pauser
 }
 
 // Slot is one slot's state and service on this process: its Pebble, its

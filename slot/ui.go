@@ -43,8 +43,12 @@ func (a *Slot) uiHandler() http.Handler {
 	smp.rates.add(time.Now(), base)
 	go smp.run(a.httpCtx, a)
 	dlq := client.DeadLetterStream{JS: a.worker.JetStream(), Stream: qc.DLQStream, Prefix: qc.Prefix}
+	var pause ui.Pauser = a.worker
+	if a.host != nil && a.host.Pause != nil {
+		pause = a.host.Pause // a member's page: the consumers of every slot it owns
+	}
 	h := ui.Handler(ui.Options{Store: a.store, Auth: a.auth, Journals: a.Journals, Logger: a.log,
-		DeadLetters: dlq, Pause: a.worker, Progress: smp.progress, Group: group,
+		DeadLetters: dlq, Pause: pause, Progress: smp.progress, Group: group,
 		Results: client.ResultStream{JS: a.worker.JetStream(), Stream: qc.ResStream, Prefix: qc.Prefix},
 		Finished: func() []ui.FinishedJournal {
 			smp.history.observe(a, time.Now()) // what finished since the last tick, too
@@ -107,29 +111,11 @@ func (a *Slot) uiHandler() http.Handler {
 				sort.Slice(o.ByStatus, func(i, j int) bool { return o.ByStatus[i].Status < o.ByStatus[j].Status })
 				o.RequestsPerSec = max(total-baseTotal, 0) / secs
 			}
-			if st := a.worker.Stats(); st != nil {
-				o.Pending, o.AckPending = ui.Num(st.Pending), ui.Num(st.AckPending)
-				o.PendingAsOf = fmt.Sprintf("%s (%s ago)", st.At.UTC().Format(time.RFC3339), now.Sub(st.At).Round(time.Second))
-				switch {
-				case !st.Oldest.IsZero():
-					// As telha_queue_oldest_pending_age_seconds: from its
-					// stream timestamp to now.
-					o.OldestPending = roundUptime(max(now.Sub(st.Oldest), 0))
-				case st.Pending == 0 && st.AckPending == 0:
-					o.OldestPending = "none pending"
-				}
+			if a.host != nil && a.host.Cards != nil {
+				a.host.Cards(&o, now) // a member's page: every slot it owns
+			} else {
+				FillCards(&o, now, []*Slot{a})
 			}
-			if lr := a.lastRun.Load(); lr != nil {
-				o.ReaperResult, o.ReaperLast = "ok", lr.at.UTC().Format(time.RFC3339)+fmt.Sprintf(", resumed %d, took %s", lr.res.Resumed, lr.res.Took.Round(time.Millisecond))
-				switch {
-				case lr.res.Skipped:
-					o.ReaperResult = "skipped"
-				case lr.res.Err != nil:
-					o.ReaperResult, o.ReaperLast = "error", o.ReaperLast+": "+lr.res.Err.Error()
-				}
-			}
-			sum := a.reaper.Summarize()
-			o.Journals, o.Poison = sum.InFlight, sum.Poison
 			if s, err := a.worker.JetStream().Stream(ctx, qc.DLQStream); err == nil {
 				if info, err := s.Info(ctx); err == nil {
 					o.DeadLetters = ui.Num(info.State.Msgs)
@@ -143,6 +129,70 @@ func (a *Slot) uiHandler() http.Handler {
 		},
 	})
 	return &uiPage{Handler: h, sampler: smp}
+}
+
+// FillCards fills the overview's queue, reaper and journal cards with the
+// figures of slots: a static worker's one, or every slot a member owns
+// (Host.Cards). Queue figures are summed, the oldest pending is the
+// oldest of any, and the reaper card says "error" when any slot's last
+// pass failed, naming each slot's last pass when there are several.
+func FillCards(o *ui.Overview, now time.Time, slots []*Slot) {
+	var pending, ack uint64
+	var oldest, asOf time.Time
+	read := false
+	var runs []string
+	errs, skipped, ran := 0, 0, 0
+	for _, a := range slots {
+		if st := a.worker.Stats(); st != nil {
+			read = true
+			pending, ack = pending+st.Pending, ack+st.AckPending
+			if !st.Oldest.IsZero() && (oldest.IsZero() || st.Oldest.Before(oldest)) {
+				oldest = st.Oldest
+			}
+			if asOf.IsZero() || st.At.Before(asOf) {
+				asOf = st.At
+			}
+		}
+		if lr := a.lastRun.Load(); lr != nil {
+			ran++
+			line := lr.at.UTC().Format(time.RFC3339) + fmt.Sprintf(", resumed %d, took %s", lr.res.Resumed, lr.res.Took.Round(time.Millisecond))
+			switch {
+			case lr.res.Err != nil:
+				errs++
+				line += ": " + lr.res.Err.Error()
+			case lr.res.Skipped:
+				skipped++
+			}
+			if len(slots) > 1 {
+				line = fmt.Sprintf("slot %d: %s", a.cfg.Owner.Index, line)
+			}
+			runs = append(runs, line)
+		}
+		sum := a.reaper.Summarize()
+		o.Journals, o.Poison = o.Journals+sum.InFlight, o.Poison+sum.Poison
+	}
+	if read {
+		o.Pending, o.AckPending = ui.Num(pending), ui.Num(ack)
+		// The oldest read of the slots': the figures are at least as new.
+		o.PendingAsOf = fmt.Sprintf("%s (%s ago)", asOf.UTC().Format(time.RFC3339), now.Sub(asOf).Round(time.Second))
+		switch {
+		case !oldest.IsZero():
+			// As telha_queue_oldest_pending_age_seconds: from its
+			// stream timestamp to now.
+			o.OldestPending = roundUptime(max(now.Sub(oldest), 0))
+		case pending == 0 && ack == 0:
+			o.OldestPending = "none pending"
+		}
+	}
+	if ran > 0 {
+		o.ReaperResult, o.ReaperLast = "ok", strings.Join(runs, "; ")
+		switch {
+		case errs > 0:
+			o.ReaperResult = "error"
+		case skipped == ran:
+			o.ReaperResult = "skipped"
+		}
+	}
 }
 
 // uiPage is the status page with its sampler (a.uiH holds it), which the
