@@ -1121,18 +1121,7 @@ func TestReadsLeaveAFrozenOwner(t *testing.T) {
 // served by the lowest slot it owns; a journal in flight on another of its
 // slots is listed too (before: neither as a live row nor as the group's).
 func TestMemberPageListsItsOtherSlotsJournals(t *testing.T) {
-	ns := testnats.Start(t)
-	hold, opts := newChunkHold()
-	m0 := startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
-	m0.settledOn(t, "m0") // owns both slots; slot 0 serves its page
-	tenant := ""
-	for i := 0; tenant == ""; i++ {
-		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == 1 {
-			tenant = c
-		}
-	}
-	bus := newBus(t, ns)
-	hub, del, release := journalHeld(t, bus, hold, tenant)
+	m0, bus, hub, del, release := memberWithJournalOnSlot1(t)
 	defer release()
 	resp, err := http.Get(m0.base + "/ui/journals")
 	if err != nil {
@@ -1153,18 +1142,7 @@ func TestMemberPageListsItsOtherSlotsJournals(t *testing.T) {
 // the consumer card names every slot's consumer, and Pause pauses each of
 // them (before: slot 0's only), Resume resumes them.
 func TestMemberPageCardsSumItsSlots(t *testing.T) {
-	ns := testnats.Start(t)
-	hold, opts := newChunkHold()
-	m0 := startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
-	m0.settledOn(t, "m0") // owns both slots; slot 0 serves its page
-	tenant := ""
-	for i := 0; tenant == ""; i++ {
-		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == 1 {
-			tenant = c
-		}
-	}
-	bus := newBus(t, ns)
-	_, del, release := journalHeld(t, bus, hold, tenant)
+	m0, bus, _, del, release := memberWithJournalOnSlot1(t)
 	defer release()
 	pc := newPageClient(t, m0.base)
 	if code, page := pc.get("/ui/"); code != 200 || !strings.Contains(page, `id="journals">1</b>`) ||
@@ -1200,6 +1178,26 @@ func TestMemberPageCardsSumItsSlots(t *testing.T) {
 	if n := paused(); n != 0 {
 		t.Fatalf("%d consumers still paused after Resume on m0's page", n)
 	}
+}
+
+// memberWithJournalOnSlot1 starts one member, m0, owning both slots of
+// two (slot 0 serves its page), and holds a journaled cascade of a
+// tenant of slot 1 at its first chunk (journalHeld).
+func memberWithJournalOnSlot1(t *testing.T) (m0 *memberUnderTest, b *bus, hub, del string, release func()) {
+	t.Helper()
+	ns := testnats.Start(t)
+	hold, opts := newChunkHold()
+	m0 = startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, opts, "--max-batch-ops", fmt.Sprint(cascade.MinMaxBatchOps))
+	m0.settledOn(t, "m0") // owns both slots; slot 0 serves its page
+	tenant := ""
+	for i := 0; tenant == ""; i++ {
+		if c := fmt.Sprint("t", i); queue.Partition(c, 4)%2 == 1 {
+			tenant = c
+		}
+	}
+	b = newBus(t, ns)
+	hub, del, release = journalHeld(t, b, hold, tenant)
+	return m0, b, hub, del, release
 }
 
 // journalHeld tombstones a new hub of tenant with enough edges to be
