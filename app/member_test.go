@@ -146,15 +146,20 @@ func (m *memberUnderTest) settledOn(t *testing.T, ids ...string) dynView {
 // its slot to the other, which then answers new requests and every read.
 func TestMembersInProcessHandOff(t *testing.T) {
 	ns := testnats.Start(t)
-	m0 := startMember(t, ns, "m0")
+	// A TTL well above a loaded machine's pauses: the hand-off is m0's
+	// SIGTERM, and a renewal missed under load would make m0 expire and
+	// rejoin, moving the slots back and forth (a promotion interrupted in
+	// its catch-up then reopens the copy instead of taking it open).
+	ttl := []string{"--member-ttl", "10s"}
+	m0 := startMemberOpts(t, ns.ClientURL(), "m0", t.TempDir(), 1, Options{}, ttl...)
 	m0.settledOn(t, "m0")
 	var coresMu sync.Mutex
-	cores := map[int]*slot.Slot{} // m1's slot cores, the latest of each slot
-	m1 := startMember(t, ns, "m1", func(a *slot.Slot) {
+	cores := map[int]*slot.Slot{} // m1's slots, the latest of each
+	m1 := startMemberOpts(t, ns.ClientURL(), "m1", t.TempDir(), 1, Options{OnReady: func(a *slot.Slot) {
 		coresMu.Lock()
 		cores[a.Config().Owner.Index] = a
 		coresMu.Unlock()
-	})
+	}}, ttl...)
 	v := m1.settledOn(t, "m0", "m1")
 	if v.Assignments[0].Owner == v.Assignments[1].Owner {
 		t.Fatalf("not balanced: %+v", v.Assignments)
