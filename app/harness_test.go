@@ -216,11 +216,19 @@ func (b *bus) waitN(id string, n int) []queue.Result {
 // this waits (up to 10 s) for at least one stored result.
 func (b *bus) storedResults(id string) []queue.Result {
 	b.t.Helper()
+	return b.storedResultsN(id, 1)
+}
+
+// storedResultsN is storedResults waiting for at least n results (up to
+// 10 s): the stream stores a result after the server has routed it to
+// the bus's subscription, so a result seen there may not be stored yet.
+func (b *bus) storedResultsN(id string, n int) []queue.Result {
+	b.t.Helper()
 	var out []queue.Result
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		out = readStream[queue.Result](b.t, b.js, "TELHA_RES", func(r queue.Result) bool { return r.RequestID == id })
-		if len(out) > 0 || time.Now().After(deadline) {
+		if len(out) >= n || time.Now().After(deadline) {
 			return out
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -365,7 +365,7 @@ func TestTenantIsolationSameRequestID(t *testing.T) {
 		}
 	}
 	// Both results are kept by TELHA_RES, where Client.Wait/Results look.
-	if got := b.storedResults(rid); len(got) != 2 {
+	if got := b.storedResultsN(rid, 2); len(got) != 2 {
 		t.Fatalf("TELHA_RES kept %d results of request %s used in two tenants, want 2: %+v", len(got), rid, got)
 	}
 }
