@@ -188,6 +188,19 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	c.ResultsMaxBytes, c.DLQMaxBytes = 1<<30, 1<<30
 	fs.Var((*byteSize)(&c.ResultsMaxBytes), "results-max-bytes", "size limit of TELHA_RES (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest results go first")
 	fs.Var((*byteSize)(&c.DLQMaxBytes), "dlq-max-bytes", "size limit of TELHA_DLQ (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest dead letters go first")
+	fs.BoolFunc("change-feed", "publish every committed change to TELHA_CHG (default true; false: the feed pauses where it stands, and resumes there when turned on)", func(s string) error {
+		v, err := strconv.ParseBool(s)
+		c.ChangeFeedOff = !v
+		return err
+	})
+	fs.BoolFunc("change-feed-props", "a put's change carries its props (default true)", func(s string) error {
+		v, err := strconv.ParseBool(s)
+		c.ChangeFeedNoProps = !v
+		return err
+	})
+	fs.DurationVar(&c.ChangesMaxAge, "change-feed-max-age", 7*24*time.Hour, "how long TELHA_CHG keeps changes (a consumer further behind resyncs from the read API's listing)")
+	c.ChangesMaxBytes = 1 << 30
+	fs.Var((*byteSize)(&c.ChangesMaxBytes), "change-feed-max-bytes", "size limit of TELHA_CHG (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest changes go first")
 	fs.Int64Var(&c.ResultsMaxPerTenant, "results-max-per-tenant", 1_000_000, "most results TELHA_RES keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.Int64Var(&c.DLQMaxPerTenant, "dlq-max-per-tenant", 10_000, "most dead letters TELHA_DLQ keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 0, "replicas of the streams, buckets and changelogs this worker creates; 0: as many as the NATS servers the worker learns of when it connects, at most 3 (1 for the embedded server)")
@@ -262,10 +275,13 @@ func (c *Config) validate() []error {
 	if c.ResultsMaxAge < time.Minute || c.DLQMaxAge < time.Minute {
 		bad("--results-max-age and --dlq-max-age must be at least 1m")
 	}
+	if c.ChangesMaxAge < time.Minute {
+		bad("--change-feed-max-age must be at least 1m, got %s", c.ChangesMaxAge)
+	}
 	for _, l := range []struct {
 		name string
 		v    int64
-	}{{"--results-max-bytes", c.ResultsMaxBytes}, {"--dlq-max-bytes", c.DLQMaxBytes}} {
+	}{{"--results-max-bytes", c.ResultsMaxBytes}, {"--dlq-max-bytes", c.DLQMaxBytes}, {"--change-feed-max-bytes", c.ChangesMaxBytes}} {
 		if l.v < minStreamBytes || l.v > maxStreamBytes {
 			bad("%s must be between 2MiB and 1PiB, got %d bytes", l.name, l.v)
 		}

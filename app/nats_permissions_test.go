@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/queue/client"
 )
 
 // TestNATSPermissionsIsolateTenants starts a real server with the users and
@@ -208,6 +209,41 @@ func TestNATSPermissionsIsolateTenants(t *testing.T) {
 			t.Fatalf("acme's request to %s: %v", subj, err)
 		}
 		testnats.Eventually(t, 10*time.Second, "a publish violation for "+subj, func() bool { return violated(acme, subj) })
+	}
+
+	// 7. The change feed: acme reads its own (a consumer filtered to
+	// telha.chg.acme.>, acked); one of globex's, or of every tenant's, is
+	// refused.
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	feed, err := client.New(acme.nc, client.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := feed.OpenChanges(ctx, client.ChangesConfig{Tenant: "acme", Durable: "acme-indexer"})
+	if err != nil {
+		t.Fatalf("acme's reader of its own feed: %v", err)
+	}
+	for i := 0; i < 2; i++ { // acme-1 and acme-2 each put a node
+		m, err := ch.Next(ctx)
+		if err != nil {
+			t.Fatalf("acme's feed: %v", err)
+		}
+		if m.Tenant != "acme" || m.Op != client.ChangePut {
+			t.Fatalf("acme's feed delivered %+v", m.Change)
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch.Close()
+	for _, filter := range []string{"telha.chg.globex.>", "telha.chg.>", ""} {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := acme.js.CreateConsumer(cctx, "TELHA_CHG", jetstream.ConsumerConfig{FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy})
+		ccancel()
+		if err == nil {
+			t.Fatalf("acme created a consumer of TELHA_CHG filtered to %q", filter)
+		}
 	}
 
 	// Nothing of acme's attempts reached globex: globex's only request and

@@ -59,6 +59,8 @@ type Metrics struct {
 	ScrubWriterHeld prometheus.Histogram
 	ScrubBytes      *prometheus.CounterVec
 	ScrubFailures   prometheus.Counter
+	// The change feed (queue.FeedHooks).
+	Changes, ChangeFeedFails, ChangeFeedReorders prometheus.Counter
 }
 
 // Labels are the label values initialised at start, so rate() sees zeros
@@ -159,11 +161,20 @@ func New(b Build, l Labels) *Metrics {
 		ScrubFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "telha_erase_scrub_failures_total", Help: "Scrubs of the copies that failed (NATS unreachable, a bound passed); each is retried, and the erases' results wait.",
 		}),
+		Changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_changes_published_total", Help: "Changes the change feed stored in TELHA_CHG (their cursors saved); a change published again after a crash or a move counts again.",
+		}),
+		ChangeFeedFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_change_feed_failures_total", Help: "Rounds of the change feed that failed (NATS unreachable, the stream missing); each is published again from the saved cursors after a backoff.",
+		}),
+		ChangeFeedReorders: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "telha_change_feed_reordered_total", Help: "Changes lost by the server while a later change of the same round was stored: published again, after it (out of order). Alert on any.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
 		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied, m.QueueWait, m.ResultsParked,
-		m.ScrubDuration, m.ScrubWriterHeld, m.ScrubBytes, m.ScrubFailures,
+		m.ScrubDuration, m.ScrubWriterHeld, m.ScrubBytes, m.ScrubFailures, m.Changes, m.ChangeFeedFails, m.ChangeFeedReorders,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Only the pairs that can occur: a real op with any status, and op
 	// "unknown" with the statuses of a request that could not be read.
@@ -254,6 +265,15 @@ func (m *Metrics) Scrubbed(took, writerHeld time.Duration, uploaded, deleted uin
 
 // ScrubFailed counts a scrub of the copies that failed.
 func (m *Metrics) ScrubFailed() { m.ScrubFailures.Inc() }
+
+// ChangesPublished counts n changes stored by the change feed.
+func (m *Metrics) ChangesPublished(n int) { m.Changes.Add(float64(n)) }
+
+// ChangeFeedFailed counts a failed round of the change feed.
+func (m *Metrics) ChangeFeedFailed(error) { m.ChangeFeedFails.Inc() }
+
+// ChangeFeedReordered counts a change published out of order.
+func (m *Metrics) ChangeFeedReordered(string) { m.ChangeFeedReorders.Inc() }
 
 // Denied counts a read-API request refused by access control.
 func (m *Metrics) Denied(reason string) {

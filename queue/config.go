@@ -101,6 +101,23 @@ type Config struct {
 	// the server overwrites and syncs per message, about 3 ms each, which
 	// caps a worker at about 300 requests/s (docs/BENCHMARKS.md).
 	SecureDeleteAcked bool
+	// ChangeFeedOff: publish no change feed (the feed's cursor stays where
+	// it is; turning the feed on again resumes it there, without a gap).
+	// By default every slot publishes its tenants' changes to ChgStream
+	// (feed.go, CONTRACT §5 "Change feed").
+	ChangeFeedOff bool
+	// ChangeFeedNoProps: a put's change carries no props.
+	ChangeFeedNoProps bool
+	// ChgStream is the change feed's stream. Default TELHA_CHG.
+	ChgStream string
+	// ChangesMaxAge and ChangesMaxBytes bound what the feed keeps (oldest
+	// first). Defaults 7 days and 1 GiB.
+	ChangesMaxAge   time.Duration
+	ChangesMaxBytes int64
+	// ChangesDuplicateWindow: the feed's Nats-Msg-Id window, how long a
+	// change published again (a slot that moved, a crash between a publish
+	// and its cursor's save) is recognised and stored once. Default 10m.
+	ChangesDuplicateWindow time.Duration
 	// TracerProvider receives the requests' spans (nil: tracing off, no
 	// cost). See trace.go.
 	TracerProvider trace.TracerProvider
@@ -118,6 +135,7 @@ func (c Config) Defaults() Config {
 	def(&c.ResStream, "TELHA_RES")
 	def(&c.DLQStream, "TELHA_DLQ")
 	def(&c.NoDedupStream, c.ReqStream+"_NODEDUP")
+	def(&c.ChgStream, "TELHA_CHG")
 	defD := func(p *time.Duration, v time.Duration) {
 		if *p == 0 {
 			*p = v
@@ -126,6 +144,8 @@ func (c Config) Defaults() Config {
 	defD(&c.DuplicateWindow, 2*time.Minute)
 	defD(&c.ResultsMaxAge, 24*time.Hour)
 	defD(&c.DLQMaxAge, 14*24*time.Hour)
+	defD(&c.ChangesMaxAge, 7*24*time.Hour)
+	defD(&c.ChangesDuplicateWindow, 10*time.Minute)
 	defI64 := func(p *int64, v int64) {
 		if *p == 0 {
 			*p = v
@@ -133,6 +153,7 @@ func (c Config) Defaults() Config {
 	}
 	defI64(&c.ResultsMaxBytes, 1<<30)
 	defI64(&c.DLQMaxBytes, 1<<30)
+	defI64(&c.ChangesMaxBytes, 1<<30)
 	defI64(&c.ResultsMaxPerTenant, 1_000_000)
 	defI64(&c.DLQMaxPerTenant, 10_000)
 	if c.MaxDeaths <= 0 {

@@ -136,6 +136,10 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, c Config) err
 		Duplicates:        c.DuplicateWindow,
 		Replicas:          c.StreamReplicas,
 	}
+	streams := []jetstream.StreamConfig{req, res, dlq}
+	if !c.ChangeFeedOff {
+		streams = append(streams, ChangesStreamConfig(c))
+	}
 	// P is fixed at install: changing it moves tenants between partitions
 	// (and replicas) that do not hold their data. Refuse rather than
 	// silently re-partition an installed stream.
@@ -152,7 +156,7 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, c Config) err
 	if err := provisionNoDedup(ctx, js, c); err != nil {
 		return err
 	}
-	for _, sc := range []jetstream.StreamConfig{req, res, dlq} {
+	for _, sc := range streams {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("provision stream %s: %w", sc.Name, err)
 		}

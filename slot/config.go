@@ -43,8 +43,13 @@ type Config struct {
 	MinFreeDiskMB                        int
 	// SecureDeleteRequests: queue.Config.SecureDeleteAcked.
 	SecureDeleteRequests bool
-	CacheMB              int
-	MemTableMB           int
+	// The change feed (queue/feed.go): ChangeFeedOff, ChangeFeedNoProps,
+	// and the limits of TELHA_CHG.
+	ChangeFeedOff, ChangeFeedNoProps bool
+	ChangesMaxAge                    time.Duration
+	ChangesMaxBytes                  int64
+	CacheMB                          int
+	MemTableMB                       int
 	// The changelog (issue 21, step A; changelog.go): --changelog off or
 	// jetstream, its stream's replicas (0: --stream-replicas), the cron
 	// spec of checkpoints and how many are kept.
@@ -72,6 +77,7 @@ func (c Config) QueueConfig() queue.Config {
 		GroupMax: c.GroupMax, GroupWait: c.GroupWait, ResultsMaxAge: c.ResultsMaxAge, DLQMaxAge: c.DLQMaxAge, StreamReplicas: c.StreamReplicas,
 		SecureDeleteAcked: c.SecureDeleteRequests, ResultsMaxBytes: c.ResultsMaxBytes, DLQMaxBytes: c.DLQMaxBytes,
 		ResultsMaxPerTenant: perTenant(c.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(c.DLQMaxPerTenant),
+		ChangeFeedOff: c.ChangeFeedOff, ChangeFeedNoProps: c.ChangeFeedNoProps, ChangesMaxAge: c.ChangesMaxAge, ChangesMaxBytes: c.ChangesMaxBytes,
 	}
 }
 

@@ -509,6 +509,14 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	bg.Add(1)
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
 	defer func() { stopBG(); bg.Wait() }()
+	if !qcfg.ChangeFeedOff {
+		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered})
+		if err != nil {
+			return err
+		}
+		bg.Add(1)
+		go func() { defer bg.Done(); _ = feed.Run(bgCtx) }()
+	}
 
 	a.startupDone.Store(true)
 	if cfg.Hosted {

@@ -359,6 +359,7 @@ func (t *Txn) FinishErase(e *EraseEntry, rc *Receipt, rec *EraseRecord) error {
 	o := Outbox{RequestID: req, Receipt: *rc}
 	_ = t.b.Set(JobKey(e.Scope, ResultOutboxState, key.Priority, key.CreatedAt, key.JobID), EncodeOutbox(&o), nil)
 	_ = t.b.Set(ErasureKey(e.Scope, req), EncodeEraseRecord(rec), nil)
+	t.putFeedErase(e, rec.Versions)
 	t.AfterCommit(func() {
 		t.s.erases.remove(e)
 		close(e.removed)

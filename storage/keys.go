@@ -42,7 +42,9 @@ import (
 // Jobs states: 0xC0 cascade journal head (the commit point), 0xC1 journal
 // pages of edge ids (same priority/created_at/job_id as the head, plus a
 // 4-byte page number), 0xC2 erase head (job id: a SHA-1 name UUID of the
-// request id), 0xD0 result outbox of a finished journaled request.
+// request id), 0xD0 result outbox of a finished journaled request, 0xD1
+// change-feed row of a finished erase (created_at: the committed tx when it
+// finished), 0xD2 the tenant's change-feed cursor (feed.go).
 
 // Keyspace bytes.
 const (
@@ -78,6 +80,12 @@ const (
 	// ResultOutboxState holds the result of a finished journaled request
 	// until the queue has published it.
 	ResultOutboxState byte = 0xD0
+	// FeedEraseState holds an erase's change-feed entry until it is
+	// published (feed.go), keyed by the committed tx when it finished.
+	FeedEraseState byte = 0xD1
+	// FeedCursorState holds where the tenant's change feed stands (one
+	// row, feed.go).
+	FeedCursorState byte = 0xD2
 )
 
 // FormatVersion is the on-disk format version recorded in meta and as the

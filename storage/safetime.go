@@ -52,6 +52,22 @@ func (c *committed) advance(tx Ts) {
 	c.wakeup = make(chan struct{})
 }
 
+// poke wakes the waiters without advancing: a batch committed that wrote
+// no tx (a journal's or an erase's end), which may move the feed's horizon.
+func (c *committed) poke() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.wakeup)
+	c.wakeup = make(chan struct{})
+}
+
+// Changed returns a channel closed at the next commit of the writer's
+// foreground lane (Update): what the change feed waits on.
+func (s *Store) Changed() <-chan struct{} {
+	_, ch := s.committed.get()
+	return ch
+}
+
 func (c *committed) get() (Ts, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -500,7 +500,11 @@ func (s *Store) update(fn func(*Txn) error) (err error) {
 		return err
 	}
 	// Before the task's result is delivered (safetime.go).
-	s.committed.advance(t.written)
+	if t.written > s.Committed() {
+		s.committed.advance(t.written)
+	} else {
+		s.committed.poke()
+	}
 	if len(t.newTenants) > 0 {
 		s.tenantsMu.Lock()
 		for tn := range t.newTenants {

@@ -1,0 +1,196 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The change feed (CONTRACT §5, "Change feed"): one message per entity
+// version a request committed, on <prefix>.chg.<tenant>.<kind>.<op> in the
+// stream TELHA_CHG, in commit order within a tenant.
+
+// Change kinds and ops, as they appear in subjects and bodies.
+const (
+	KindNode = "node"
+	KindEdge = "edge"
+
+	ChangePut       = "put"
+	ChangeTombstone = "tombstone"
+	ChangeErase     = "erase"
+)
+
+// Change is one message of the change feed.
+type Change struct {
+	Tenant string `json:"tenant"`
+	Kind   string `json:"kind"` // node or edge
+	Op     string `json:"op"`   // put, tombstone or erase
+	ID     string `json:"id"`
+	// TxTime: the version's transaction time (an erase: the erase's, as in
+	// its result), RFC 3339 UTC with 6 fractional digits.
+	TxTime string `json:"tx_time"`
+	// ValidFrom and ValidEnd: the version's valid interval (ValidEnd empty
+	// when open); both empty for an erase.
+	ValidFrom string `json:"valid_from,omitempty"`
+	ValidEnd  string `json:"valid_end,omitempty"`
+	RequestID string `json:"request_id"`
+	// Cause: for an edge a cascade tombstoned, the node whose tombstone
+	// tombstoned it.
+	Cause string `json:"cause,omitempty"`
+	// Src, Dst and Label: an edge's (put and tombstone).
+	Src   string `json:"src,omitempty"`
+	Dst   string `json:"dst,omitempty"`
+	Label string `json:"label,omitempty"`
+	// Props: a put's, unless the worker runs with
+	// --change-feed-props=false; "{}" once erased.
+	Props json.RawMessage `json:"props,omitempty"`
+	// Erased: the version's payload was erased before it was published.
+	Erased bool `json:"erased,omitempty"`
+	// VersionsErased: an erase's count of versions rewritten (for a node,
+	// its edges' included).
+	VersionsErased *uint64 `json:"versions_erased,omitempty"`
+}
+
+// ChangeSubject is the subject of a change (prefix default "telha").
+func ChangeSubject(prefix, tenant, kind, op string) string {
+	if prefix == "" {
+		prefix = "telha"
+	}
+	return prefix + ".chg." + tenant + "." + kind + "." + op
+}
+
+// ChangeMsgID is a change's Nats-Msg-Id: chg.<tenant>.<kind>.<id>.<tx
+// µs>.<valid_from µs> for a version (which names it: a version is one
+// key), chg.<tenant>.erase.<request_id> for an erase.
+func ChangeMsgID(tenant, kind, id string, txMicros, validMicros int64) string {
+	return fmt.Sprintf("chg.%s.%s.%s.%d.%d", tenant, kind, id, txMicros, validMicros)
+}
+
+// EraseChangeMsgID is an erase's Nats-Msg-Id.
+func EraseChangeMsgID(tenant, requestID string) string {
+	return "chg." + tenant + ".erase." + requestID
+}
+
+// ChangesConfig says which feed to read and from where.
+type ChangesConfig struct {
+	// Prefix and Stream: defaults "telha" and "TELHA_CHG".
+	Prefix, Stream string
+	Tenant         string
+	// Durable names a durable consumer: an acked position survives the
+	// reader (Next resumes after the last change acked). Empty: an
+	// ephemeral consumer, starting at From or FromSeq.
+	Durable string
+	// From: start at the first change stored at or after this time (a
+	// tx_time to resume from: every change of a tenant with tx_time >= T is
+	// stored after every change with tx_time < T, erases aside). Zero: the
+	// start of what the stream keeps.
+	From time.Time
+	// FromSeq: start at this stream sequence (wins over From).
+	FromSeq uint64
+}
+
+// Changes reads one tenant's change feed.
+type Changes struct {
+	cons jetstream.Consumer
+	it   jetstream.MessagesContext
+}
+
+// ChangeMsg is one change with what acks it.
+type ChangeMsg struct {
+	Change
+	// Seq is the message's stream sequence (ChangesConfig.FromSeq resumes
+	// after it).
+	Seq uint64
+	msg jetstream.Msg
+}
+
+// Ack acknowledges the change: a durable reader resumes after it.
+func (m *ChangeMsg) Ack() error { return m.msg.Ack() }
+
+// ErrBadChange: a message of the feed that is not a change (its raw data is
+// in the error).
+var ErrBadChange = errors.New("bad change message")
+
+// OpenChanges opens a reader of tenant's feed. A durable reader whose
+// consumer exists resumes after its last ack (open it with the config it
+// was created with: From and FromSeq cannot change on an existing one).
+func (c *Client) OpenChanges(ctx context.Context, cfg ChangesConfig) (*Changes, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = c.cfg.Prefix
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = "TELHA_CHG"
+	}
+	if cfg.Tenant == "" {
+		return nil, fmt.Errorf("changes: a tenant is needed")
+	}
+	cc := jetstream.ConsumerConfig{
+		Durable:       cfg.Durable,
+		FilterSubject: cfg.Prefix + ".chg." + cfg.Tenant + ".>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		MaxAckPending: 1, // in order, even across redeliveries
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	if cfg.Durable == "" {
+		cc.InactiveThreshold = 5 * time.Minute
+	}
+	switch {
+	case cfg.FromSeq > 0:
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, cfg.FromSeq
+	case !cfg.From.IsZero():
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &cfg.From
+	}
+	// One API call, whose subject names the filter (what a tenant's NATS
+	// permissions allow: docs/examples/nats-tenants.conf). A durable that
+	// exists resumes at its last ack (open it with the same config).
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, cfg.Stream, cc)
+	if err != nil {
+		return nil, fmt.Errorf("changes of %s: %w", cfg.Tenant, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("changes of %s: %w", cfg.Tenant, err)
+	}
+	return &Changes{cons: cons, it: it}, nil
+}
+
+// Next waits for the next change (until ctx ends). Ack it before the next
+// one is delivered: the reader holds one change at a time, so the feed's
+// order is kept even when a change is delivered again.
+func (r *Changes) Next(ctx context.Context) (*ChangeMsg, error) {
+	type got struct {
+		m   jetstream.Msg
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		m, err := r.it.Next()
+		ch <- got{m, err}
+	}()
+	var g got
+	select {
+	case g = <-ch:
+	case <-ctx.Done():
+		r.it.Stop() // Next returns; the goroutine ends
+		<-ch
+		return nil, ctx.Err()
+	}
+	if g.err != nil {
+		return nil, g.err
+	}
+	out := &ChangeMsg{msg: g.m}
+	if md, err := g.m.Metadata(); err == nil {
+		out.Seq = md.Sequence.Stream
+	}
+	if err := json.Unmarshal(g.m.Data(), &out.Change); err != nil {
+		return out, fmt.Errorf("%w: %v: %q", ErrBadChange, err, g.m.Data())
+	}
+	return out, nil
+}
+
+// Close stops the reader (a durable consumer stays, at its last ack).
+func (r *Changes) Close() { r.it.Stop() }

@@ -1,0 +1,266 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// The change feed's publisher (CONTRACT §5, "Change feed").
+//
+// What a slot's store committed is read from the store
+// (storage.Store.ReadFeed: each tenant's tx_time_index up to its feed
+// horizon, erases' rows) and published to ChgStream, one message per
+// change, each named by a Nats-Msg-Id that is a function of the change
+// alone (client.ChangeMsgID). Once every message of a round is stored,
+// the tenants' cursors are saved in one durable batch (which, on a
+// replicated slot, goes through the changelog like any write). A crash or
+// a slot's move between a publish and its save publishes those changes
+// again from the saved cursor, and the stream's duplicate window stores
+// them once: exactly once within ChangesDuplicateWindow of the crash.
+//
+// Order: one tenant's changes are published in feed order, a round's at
+// most feedBatch in flight, and the cursor moves only when all of them are
+// stored. A failed round is published again from the cursor; a message
+// the server lost while a later one of the same round was stored (a stream
+// leader lost mid-round) would then be stored after it: the publisher
+// counts and logs that case (FeedHooks.Reordered), it does not hide it.
+
+// feedBatch bounds one tenant's changes in one round (the worker's memory:
+// a million-edge cascade is published feedBatch at a time).
+const feedBatch = 1024
+
+// ChangesStreamConfig is the change feed's stream.
+func ChangesStreamConfig(c Config) jetstream.StreamConfig {
+	c = c.Defaults()
+	return jetstream.StreamConfig{
+		Name:        c.ChgStream,
+		Description: "telha-cascade change feed: every entity version committed, per tenant in commit order",
+		Subjects:    []string{c.Prefix + ".chg.*.*.*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      c.ChangesMaxAge,
+		MaxBytes:    c.ChangesMaxBytes,
+		Discard:     jetstream.DiscardOld,
+		Duplicates:  c.ChangesDuplicateWindow,
+		Replicas:    c.StreamReplicas,
+	}
+}
+
+// FeedHooks observe the publisher (metrics). Nil fields are skipped.
+type FeedHooks struct {
+	// Published: n changes stored (their cursors saved).
+	Published func(n int)
+	// Failed: a round failed (it is published again from the cursors).
+	Failed func(err error)
+	// Reordered: a round lost a message while a later one was stored.
+	Reordered func(tenant string)
+}
+
+// FeedPublisher publishes one store's change feed.
+type FeedPublisher struct {
+	js    jetstream.JetStream
+	st    *storage.Store
+	cfg   Config
+	log   *slog.Logger
+	hooks FeedHooks
+	pos   map[storage.Scope]storage.FeedPos // saved cursors, read once
+}
+
+// NewFeedPublisher returns the publisher of st's feed on nc.
+func NewFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks) (*FeedPublisher, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{}}, nil
+}
+
+// Run publishes until ctx ends: a round after every commit (at most one
+// round in flight), and at least every second (a journal or an erase that
+// finished moves the horizon without a commit of its own).
+func (p *FeedPublisher) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		wake := p.st.Changed()
+		more, err := p.Round(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			p.log.Warn("change feed: round failed; publishing again from the saved cursors", "err", err, "retry_in", backoff)
+			if p.hooks.Failed != nil {
+				p.hooks.Failed(err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if more {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+type feedTenant struct {
+	sc     storage.Scope
+	pos    storage.FeedPos
+	futs   []jetstream.PubAckFuture
+	erased [][]byte
+}
+
+// Round publishes what every tenant's feed holds up to its horizon (at
+// most feedBatch changes each) and saves the cursors of those fully
+// stored. more: some tenant had more.
+func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
+	var ts []*feedTenant
+	var readErr error
+	for _, sc := range p.st.Tenants() {
+		from, ok := p.pos[sc]
+		if !ok {
+			if from, err = p.st.FeedCursor(sc); err != nil {
+				readErr = errors.Join(readErr, err)
+				continue
+			}
+			p.pos[sc] = from
+		}
+		ft := &feedTenant{sc: sc}
+		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: p.st.FeedHorizon(sc), Max: feedBatch}, func(c *storage.Change) error {
+			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c))
+			if err != nil {
+				return err
+			}
+			ft.futs = append(ft.futs, f)
+			if c.EraseKey != nil {
+				ft.erased = append(ft.erased, c.EraseKey)
+			}
+			return nil
+		})
+		ft.pos = pos
+		if err != nil {
+			readErr = errors.Join(readErr, fmt.Errorf("tenant %s: %w", sc, err))
+			// What was published waits for its acks like the rest, but
+			// the cursor stays: published again next round.
+			ft.pos = from
+		}
+		if len(ft.futs) > 0 || pos != from {
+			ts = append(ts, ft)
+		}
+		if len(ft.futs) >= feedBatch {
+			more = true
+		}
+	}
+	save := map[storage.Scope]storage.FeedPos{}
+	var erased [][]byte
+	n := 0
+	var ackErr error
+	for _, ft := range ts {
+		failed := false
+		for _, f := range ft.futs {
+			select {
+			case <-f.Ok():
+				if failed && p.hooks.Reordered != nil {
+					p.hooks.Reordered(ft.sc.Tenant())
+				}
+				if failed {
+					p.log.Error("change feed: a change was lost while a later one was stored; it is published again after it", "tenant", ft.sc.Tenant())
+				}
+			case err := <-f.Err():
+				if !failed {
+					ackErr = errors.Join(ackErr, fmt.Errorf("tenant %s: %w", ft.sc, err))
+				}
+				failed = true
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+		}
+		if failed || ft.pos == p.pos[ft.sc] && len(ft.erased) == 0 {
+			continue
+		}
+		save[ft.sc] = ft.pos
+		erased = append(erased, ft.erased...)
+		n += len(ft.futs)
+	}
+	if len(save) > 0 {
+		if err := p.st.SaveFeed(ctx, save, erased); err != nil {
+			return false, errors.Join(readErr, ackErr, fmt.Errorf("save feed cursors: %w", err))
+		}
+		for sc, pos := range save {
+			p.pos[sc] = pos
+		}
+		if p.hooks.Published != nil && n > 0 {
+			p.hooks.Published(n)
+		}
+	}
+	if err := errors.Join(readErr, ackErr); err != nil {
+		return false, err
+	}
+	return more, nil
+}
+
+// changeMsg is a change's message.
+func changeMsg(cfg Config, sc storage.Scope, c *storage.Change) *nats.Msg {
+	body := ChangeOf(sc, c, !cfg.ChangeFeedNoProps)
+	m := nats.NewMsg(client.ChangeSubject(cfg.Prefix, body.Tenant, body.Kind, body.Op))
+	m.Data, _ = json.Marshal(&body) // strings and a RawMessage of stored JSON: cannot fail
+	if c.Op == storage.FeedErase {
+		m.Header.Set(jetstream.MsgIDHeader, client.EraseChangeMsgID(sc.Tenant(), c.V.Prov.RequestID))
+	} else {
+		m.Header.Set(jetstream.MsgIDHeader, client.ChangeMsgID(sc.Tenant(), body.Kind, body.ID, int64(c.V.Tx.Start), int64(c.V.Valid.Start)))
+	}
+	return m
+}
+
+// ChangeOf is the wire form of a change.
+func ChangeOf(sc storage.Scope, c *storage.Change, props bool) client.Change {
+	v := &c.V
+	out := client.Change{Tenant: sc.Tenant(), Kind: client.KindNode, Op: c.Op.String(), ID: v.ID.String(),
+		TxTime: fmtTs(v.Tx.Start), RequestID: v.Prov.RequestID}
+	if v.Kind == storage.KindEdge {
+		out.Kind = client.KindEdge
+	}
+	if c.Op == storage.FeedErase {
+		n := c.VersionsErased
+		out.VersionsErased = &n
+		return out
+	}
+	out.ValidFrom = fmtTs(v.Valid.Start)
+	if !v.Valid.IsOpen() {
+		out.ValidEnd = fmtTs(v.Valid.End)
+	}
+	if v.Kind == storage.KindEdge {
+		out.Src, out.Dst, out.Label = v.Src.String(), v.Dst.String(), v.Label
+	}
+	if c.Cause != [16]byte{} {
+		out.Cause = c.Cause.String()
+	}
+	out.Erased = v.Erased
+	if props && c.Op == storage.FeedPut {
+		out.Props = json.RawMessage(v.Props)
+	}
+	return out
+}
+
+func fmtTs(t storage.Ts) string { return t.Time().Format(storage.TimeLayout) }

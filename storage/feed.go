@@ -1,0 +1,457 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+)
+
+// The change feed's source (CONTRACT §5, "Change feed"; the publisher is
+// queue.FeedPublisher).
+//
+// The feed is not a second copy of what committed: it is read from the
+// tenant's tx_time_index, which every version's batch already writes, up
+// to the tenant's feed horizon (FeedHorizon): the committed tx, lowered
+// below the tx of any journal of the tenant still in flight. Below the
+// horizon nothing will ever be written again, so a position in the index
+// is final: a feed read from a position is the same on every replay, on
+// every copy of the store (a standby promoted after a failover reads what
+// the old owner read).
+//
+// Order within a tenant: by tx; within one tx, a request's edges (by id)
+// before its nodes (by id), so a cascade's node tombstone comes after
+// every edge it tombstoned. An erase, which writes no version, is a row of
+// its own (FeedEraseState) written with its erasure record, keyed by the
+// committed tx when it finished: it comes after every change committed
+// before it finished.
+//
+// Where the tenant's feed stands is a cursor row (FeedCursorState),
+// written by the publisher after the messages up to it are stored
+// (SaveFeed), in the same batch that deletes the erase rows published.
+
+// FeedOp is what a change did to its entity.
+type FeedOp uint8
+
+const (
+	FeedPut       FeedOp = 1 // a new live version (its props, unless the feed omits them)
+	FeedTombstone FeedOp = 2 // a tombstone version (a cascade's edges: Cause names the node)
+	FeedErase     FeedOp = 3 // an erase finished: the entity's (and a node's edges') payloads are gone
+)
+
+func (o FeedOp) String() string {
+	switch o {
+	case FeedPut:
+		return "put"
+	case FeedTombstone:
+		return "tombstone"
+	case FeedErase:
+		return "erase"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Change is one entry of a tenant's feed.
+type Change struct {
+	Op FeedOp
+	// V is the version (put, tombstone); for an erase, only Kind, ID and
+	// Tx.Start (the erase's tx, its result's tx_time) are set, and
+	// Prov.RequestID.
+	V Version
+	// Cause: the node whose tombstone, at the same tx, tombstoned this edge
+	// (uuid.Nil otherwise).
+	Cause uuid.UUID
+	// VersionsErased: an erase's count of versions rewritten.
+	VersionsErased uint64
+	// EraseKey is an erase row's key (deleted by SaveFeed once published).
+	EraseKey []byte
+}
+
+// FeedPos is a position in a tenant's feed: every change before it has
+// been published. The zero value is the feed's start.
+type FeedPos struct {
+	Tx Ts // the tx being or last published (NoTs: none yet)
+	// Phase within Tx: feedTxDone (every change of Tx is behind), or
+	// feedInEdges / feedInNodes, after (ID, Valid).
+	Phase byte
+	ID    uuid.UUID
+	Valid Ts
+}
+
+const (
+	feedTxDone  byte = 0
+	feedInEdges byte = 1
+	feedInNodes byte = 2
+)
+
+// FeedCursorKey is the key of a tenant's feed cursor.
+func FeedCursorKey(sc Scope) []byte { return JobKey(sc, FeedCursorState, 0, 0, uuid.Nil) }
+
+// EncodeFeedPos encodes a cursor (33 bytes).
+func EncodeFeedPos(p FeedPos) []byte {
+	b := make([]byte, 0, 34)
+	b = append(b, 1) // format
+	b = binary.BigEndian.AppendUint64(b, uint64(p.Tx))
+	b = append(b, p.Phase)
+	b = append(b, p.ID[:]...)
+	return binary.BigEndian.AppendUint64(b, uint64(p.Valid))
+}
+
+// DecodeFeedPos decodes a cursor; malformed input is an ErrDecode.
+func DecodeFeedPos(b []byte) (FeedPos, error) {
+	if len(b) != 34 || b[0] != 1 || b[9] > feedInNodes {
+		return FeedPos{}, fmt.Errorf("%w: feed cursor %x", ErrDecode, b)
+	}
+	var p FeedPos
+	p.Tx = Ts(binary.BigEndian.Uint64(b[1:]))
+	p.Phase = b[9]
+	copy(p.ID[:], b[10:26])
+	p.Valid = Ts(binary.BigEndian.Uint64(b[26:]))
+	return p, nil
+}
+
+// FeedCursor returns where the tenant's feed stands (the zero position
+// when nothing was published yet).
+func (s *Store) FeedCursor(sc Scope) (FeedPos, error) {
+	v, ok, err := getValue(s.eng, FeedCursorKey(sc))
+	if err != nil || !ok {
+		return FeedPos{}, err
+	}
+	return DecodeFeedPos(v)
+}
+
+// FeedHorizon is the highest tx of the tenant's feed that is final: the
+// committed tx, below the tx of the tenant's oldest journal in flight (its
+// chunks still land at that tx).
+func (s *Store) FeedHorizon(sc Scope) Ts {
+	h := s.Committed()
+	for _, e := range s.journals.FencesUpTo(sc, h) {
+		h = min(h, e.J.Tx-1)
+	}
+	return h
+}
+
+// feedErase is an erase row's value.
+type feedErase struct {
+	Op        Op
+	Kind      Kind
+	ID        uuid.UUID
+	Tx        Ts
+	RequestID string
+	Versions  uint64
+}
+
+func encodeFeedErase(f *feedErase) []byte {
+	e := enc{b: make([]byte, 0, 48+len(f.RequestID))}
+	e.byte(1)
+	e.byte(byte(f.Op))
+	e.byte(byte(f.Kind))
+	e.uuid(f.ID)
+	e.i64(int64(f.Tx))
+	e.str(f.RequestID)
+	e.uvar(f.Versions)
+	return e.b
+}
+
+func decodeFeedErase(b []byte) (feedErase, error) {
+	d := dec{b: b}
+	var f feedErase
+	if d.byte() != 1 {
+		d.fail("feed erase format")
+	}
+	f.Op = Op(d.byte())
+	f.Kind = Kind(d.byte())
+	f.ID = d.uuid()
+	f.Tx = Ts(d.i64())
+	f.RequestID = d.str()
+	f.Versions = d.uvar()
+	if d.err == nil && f.Kind != KindNode && f.Kind != KindEdge {
+		d.fail("feed erase kind")
+	}
+	return f, d.finish("feed erase")
+}
+
+// putFeedErase writes an erase's feed row in the batch that finishes it,
+// positioned after every tx committed so far.
+func (t *Txn) putFeedErase(e *EraseEntry, versions uint64) {
+	at := max(t.s.Committed(), e.Job.Tx)
+	kind := KindNode
+	if e.Job.Op == OpEraseEdge {
+		kind = KindEdge
+	}
+	key := JobKey(e.Scope, FeedEraseState, 0, at, uuid.NewSHA1(uuid.NameSpaceOID, []byte(e.Job.Prov.RequestID)))
+	_ = t.b.Set(key, encodeFeedErase(&feedErase{Op: e.Job.Op, Kind: kind, ID: e.Job.ID, Tx: e.Job.Tx, RequestID: e.Job.Prov.RequestID, Versions: versions}), nil)
+}
+
+// FeedRead is one read of a tenant's feed (ReadFeed).
+type FeedRead struct {
+	Scope Scope
+	From  FeedPos
+	UpTo  Ts  // the horizon: no change above it is read
+	Max   int // changes at most (at least 1)
+}
+
+// ReadFeed calls fn for the tenant's changes after r.From, in feed order,
+// up to r.UpTo, at most r.Max of them; it returns the position after the
+// last change fn took. fn's Change is only valid during the call. An error
+// of fn stops the read (the position returned is the last one fn took).
+func (s *Store) ReadFeed(ctx context.Context, r FeedRead, fn func(*Change) error) (FeedPos, error) {
+	fr := feedReader{s: s, sc: r.Scope, pos: r.From, upTo: r.UpTo, max: max(r.Max, 1), fn: fn}
+	snap := s.eng.NewSnapshot()
+	defer snap.Close()
+	fr.r = snap
+	err := fr.run(ctx)
+	return fr.pos, err
+}
+
+type feedReader struct {
+	s     *Store
+	r     pebble.Reader
+	sc    Scope
+	pos   FeedPos
+	upTo  Ts
+	max   int
+	n     int
+	fn    func(*Change) error
+	c     Change
+	k     []byte
+	dead  map[uuid.UUID]bool // nodes tombstoned at the tx being read
+	erase []feedEraseRow
+}
+
+type feedEraseRow struct {
+	at  Ts
+	key []byte
+	f   feedErase
+}
+
+// errFeedFull stops a read that reached its Max.
+var errFeedFull = fmt.Errorf("feed read full")
+
+func (fr *feedReader) run(ctx context.Context) error {
+	if err := fr.loadErases(); err != nil {
+		return err
+	}
+	if fr.pos.Phase != feedTxDone {
+		if err := fr.readTx(ctx, fr.pos.Tx); err != nil {
+			return fr.stopped(err)
+		}
+	}
+	for {
+		next, ok, err := fr.nextTx()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		// Erases that finished before this tx committed come first.
+		if err := fr.erasesBefore(next); err != nil {
+			return fr.stopped(err)
+		}
+		fr.pos = FeedPos{Tx: next, Phase: feedInEdges}
+		if err := fr.readTx(ctx, next); err != nil {
+			return fr.stopped(err)
+		}
+	}
+	return fr.stopped(fr.erasesBefore(fr.upTo + 1))
+}
+
+func (fr *feedReader) stopped(err error) error {
+	if err == errFeedFull {
+		return nil
+	}
+	return err
+}
+
+// loadErases reads the tenant's erase rows up to the horizon (few: each is
+// deleted once published).
+func (fr *feedReader) loadErases() error {
+	lo, hi := JobsInState(fr.sc, FeedEraseState)
+	return scan(fr.r, lo, hi, func(k, v []byte) error {
+		key, err := DecodeKey(k)
+		if err != nil {
+			return err
+		}
+		if key.CreatedAt > fr.upTo {
+			return nil
+		}
+		f, err := decodeFeedErase(v)
+		if err != nil {
+			return err
+		}
+		fr.erase = append(fr.erase, feedEraseRow{at: key.CreatedAt, key: append([]byte(nil), k...), f: f})
+		return nil
+	})
+}
+
+// erasesBefore publishes the erase rows positioned below tx.
+func (fr *feedReader) erasesBefore(tx Ts) error {
+	for len(fr.erase) > 0 && fr.erase[0].at < tx {
+		if fr.n >= fr.max {
+			return errFeedFull
+		}
+		row := fr.erase[0]
+		fr.c = Change{Op: FeedErase, V: Version{Kind: row.f.Kind, ID: row.f.ID, Tx: Open(row.f.Tx), Prov: Provenance{RequestID: row.f.RequestID}}, VersionsErased: row.f.Versions, EraseKey: row.key}
+		if err := fr.fn(&fr.c); err != nil {
+			return err
+		}
+		fr.n++
+		fr.erase = fr.erase[1:]
+	}
+	return nil
+}
+
+// nextTx finds the first tx after the position with an index entry, at
+// most the horizon.
+func (fr *feedReader) nextTx() (Ts, bool, error) {
+	from := fr.pos.Tx + 1
+	if fr.pos == (FeedPos{}) { // the feed's start
+		from = NoTs
+	}
+	if from > fr.upTo {
+		return 0, false, nil
+	}
+	lo, hi := IdxRange(fr.sc, false, from, fr.upTo+1)
+	k, ok, err := firstKey(fr.r, lo, hi)
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	key, err := DecodeKey(k)
+	if err != nil {
+		return 0, false, err
+	}
+	return key.Tx, true, nil
+}
+
+func firstKey(r pebble.Reader, lo, hi []byte) ([]byte, bool, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	if !it.First() {
+		return nil, false, it.Error()
+	}
+	return append([]byte(nil), it.Key()...), true, nil
+}
+
+// readTx reads tx's edges then its nodes, from the position.
+func (fr *feedReader) readTx(ctx context.Context, tx Ts) error {
+	if err := fr.tombstonedNodes(tx); err != nil {
+		return err
+	}
+	if fr.pos.Phase == feedInEdges {
+		if err := fr.readKind(ctx, tx, KindEdge); err != nil {
+			return err
+		}
+		fr.pos = FeedPos{Tx: tx, Phase: feedInNodes}
+	}
+	if err := fr.readKind(ctx, tx, KindNode); err != nil {
+		return err
+	}
+	fr.pos = FeedPos{Tx: tx, Phase: feedTxDone}
+	return nil
+}
+
+// tombstonedNodes collects the nodes tombstoned at tx: the causes of the
+// edges tombstoned at the same tx. A tx is one request's, so these are few.
+func (fr *feedReader) tombstonedNodes(tx Ts) error {
+	clear(fr.dead)
+	lo := appendIdxKey(nil, ksTxIdx, fr.sc, tx, KindNode, uuid.Nil, NoTs)
+	hi := appendIdxKey(nil, ksTxIdx, fr.sc, tx, KindEdge, uuid.Nil, NoTs)
+	return scan(fr.r, lo, hi, func(k, _ []byte) error {
+		key, err := DecodeKey(k)
+		if err != nil {
+			return err
+		}
+		v, ok, err := getValue(fr.r, NodeKey(fr.sc, key.ID, key.Tx, key.Valid))
+		if err != nil || !ok {
+			return err
+		}
+		_, _, tomb, err := versionIntervals(v)
+		if err != nil {
+			return err
+		}
+		if tomb {
+			if fr.dead == nil {
+				fr.dead = map[uuid.UUID]bool{}
+			}
+			fr.dead[key.ID] = true
+		}
+		return nil
+	})
+}
+
+// readKind reads tx's entries of one kind after the position.
+func (fr *feedReader) readKind(ctx context.Context, tx Ts, k Kind) error {
+	lo := appendIdxKey(nil, ksTxIdx, fr.sc, tx, k, uuid.Nil, NoTs)
+	if fr.pos.Phase != feedTxDone && fr.pos.ID != uuid.Nil && fr.pos.Tx == tx && ((k == KindEdge) == (fr.pos.Phase == feedInEdges)) {
+		lo = append(appendIdxKey(nil, ksTxIdx, fr.sc, tx, k, fr.pos.ID, fr.pos.Valid), 0) // just after
+	}
+	hi := appendIdxKey(nil, ksTxIdx, fr.sc, tx, k+1, uuid.Nil, NoTs)
+	phase := feedInNodes
+	if k == KindEdge {
+		phase = feedInEdges
+	}
+	return scan(fr.r, lo, hi, func(key, _ []byte) error {
+		if fr.n >= fr.max {
+			return errFeedFull
+		}
+		if fr.n%256 == 255 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		dk, err := DecodeKey(key)
+		if err != nil {
+			return err
+		}
+		fr.k = appendVersionKey(fr.k[:0], versionSpace(k), fr.sc, dk.ID, dk.Tx, dk.Valid)
+		raw, ok, err := getValue(fr.r, fr.k)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: index entry %x has no version", ErrDecode, key)
+		}
+		v, err := DecodeVersion(raw)
+		if err != nil {
+			return err
+		}
+		fr.c = Change{Op: FeedPut, V: v}
+		if v.Tombstone {
+			fr.c.Op = FeedTombstone
+			if k == KindEdge {
+				switch {
+				case fr.dead[v.Src]:
+					fr.c.Cause = v.Src
+				case fr.dead[v.Dst]:
+					fr.c.Cause = v.Dst
+				}
+			}
+		}
+		if err := fr.fn(&fr.c); err != nil {
+			return err
+		}
+		fr.n++
+		fr.pos = FeedPos{Tx: tx, Phase: phase, ID: dk.ID, Valid: dk.Valid}
+		return nil
+	})
+}
+
+// SaveFeed records, in one durable batch through the writer, where each
+// tenant's feed now stands, and deletes the erase rows published.
+func (s *Store) SaveFeed(ctx context.Context, pos map[Scope]FeedPos, erased [][]byte) error {
+	return s.Update(ctx, func(t *Txn) error {
+		for sc, p := range pos {
+			_ = t.b.Set(FeedCursorKey(sc), EncodeFeedPos(p), nil)
+		}
+		for _, k := range erased {
+			_ = t.b.Delete(k, nil)
+		}
+		return nil
+	})
+}
