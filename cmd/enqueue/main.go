@@ -47,6 +47,9 @@ commands:
   checkpoints --slots N [--slot I] [--get NAME --out FILE]
                   list the checkpoints of the layout i/N or dynamic/N (the
                   changelog's backups), or copy one out into FILE
+  changes --tenant T [--from TX|--from-seq N] [--durable NAME] [--follow]
+                  a tenant's change feed (TELHA_CHG) as JSON lines, until
+                  caught up (or for ever, with --follow)
 
 enqueue <command> -h lists a command's own flags. Global flags may also
 follow the command (enqueue put-node --wait ...). Every NATS flag also reads
@@ -99,6 +102,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runPause(ctx, &g, cmd, rest, stdout, stderr)
 	case "checkpoints":
 		err = runCheckpoints(ctx, &g, rest, stdout, stderr)
+	case "changes":
+		err = runChanges(ctx, &g, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n", cmd)
 		fs.Usage()

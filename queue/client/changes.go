@@ -97,15 +97,17 @@ type ChangesConfig struct {
 type Changes struct {
 	cons jetstream.Consumer
 	it   jetstream.MessagesContext
+	from string // skip versions below (ChangesConfig.From)
 }
 
 // ChangeMsg is one change with what acks it.
 type ChangeMsg struct {
 	Change
 	// Seq is the message's stream sequence (ChangesConfig.FromSeq resumes
-	// after it).
-	Seq uint64
-	msg jetstream.Msg
+	// after it); Pending, how many of the reader's changes the stream held
+	// after it when it was delivered (0: the reader has caught up).
+	Seq, Pending uint64
+	msg          jetstream.Msg
 }
 
 // Ack acknowledges the change: a durable reader resumes after it.
@@ -142,7 +144,11 @@ func (c *Client) OpenChanges(ctx context.Context, cfg ChangesConfig) (*Changes, 
 	case cfg.FromSeq > 0:
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, cfg.FromSeq
 	case !cfg.From.IsZero():
-		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &cfg.From
+		// The stream's clock stamps a change when it is stored, after its
+		// commit: start FromSkew before From (clocks differ) and skip
+		// what is older (Next).
+		start := cfg.From.Add(-FromSkew)
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
 	}
 	// One API call, whose subject names the filter (what a tenant's NATS
 	// permissions allow: docs/examples/nats-tenants.conf). A durable that
@@ -155,18 +161,52 @@ func (c *Client) OpenChanges(ctx context.Context, cfg ChangesConfig) (*Changes, 
 	if err != nil {
 		return nil, fmt.Errorf("changes of %s: %w", cfg.Tenant, err)
 	}
-	return &Changes{cons: cons, it: it}, nil
+	r := &Changes{cons: cons, it: it}
+	if !cfg.From.IsZero() && cfg.FromSeq == 0 {
+		r.from = cfg.From.UTC().Format(timeLayout)
+	}
+	return r, nil
+}
+
+// FromSkew: how far before ChangesConfig.From a reader starts reading the
+// stream, for the worker's and the NATS server's clocks to differ by up
+// to that much.
+const FromSkew = time.Minute
+
+// timeLayout is the service's one time format (RFC 3339 UTC, 6 fractional
+// digits): such strings sort as their times do.
+const timeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+// Pending returns how many changes the reader has not been delivered yet
+// (the consumer's pending count).
+func (r *Changes) Pending(ctx context.Context) (uint64, error) {
+	info, err := r.cons.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.NumPending, nil
+}
+
+type got struct {
+	m   jetstream.Msg
+	err error
 }
 
 // Next waits for the next change (until ctx ends). Ack it before the next
 // one is delivered: the reader holds one change at a time, so the feed's
 // order is kept even when a change is delivered again.
 func (r *Changes) Next(ctx context.Context) (*ChangeMsg, error) {
-	type got struct {
-		m   jetstream.Msg
-		err error
-	}
 	ch := make(chan got, 1)
+	for {
+		m, err := r.next(ctx, ch)
+		if err != nil || r.from == "" || m.Op == ChangeErase || m.TxTime >= r.from {
+			return m, err
+		}
+		_ = m.Ack() // below From: started early for clock skew
+	}
+}
+
+func (r *Changes) next(ctx context.Context, ch chan got) (*ChangeMsg, error) {
 	go func() {
 		m, err := r.it.Next()
 		ch <- got{m, err}
@@ -184,7 +224,7 @@ func (r *Changes) Next(ctx context.Context) (*ChangeMsg, error) {
 	}
 	out := &ChangeMsg{msg: g.m}
 	if md, err := g.m.Metadata(); err == nil {
-		out.Seq = md.Sequence.Stream
+		out.Seq, out.Pending = md.Sequence.Stream, md.NumPending
 	}
 	if err := json.Unmarshal(g.m.Data(), &out.Change); err != nil {
 		return out, fmt.Errorf("%w: %v: %q", ErrBadChange, err, g.m.Data())
