@@ -117,3 +117,79 @@ func TestChangeFeedOfAJournaledCascade(t *testing.T) {
 		t.Fatalf("erase change: %+v", e)
 	}
 }
+
+// While a tenant's journal runs, that tenant's feed waits at the tx below
+// it (a write committed after the journal's head is not published before
+// the cascade's tombstones), and another tenant's feed goes on.
+func TestChangeFeedWaitsForAJournalOfItsTenantOnly(t *testing.T) {
+	ns := testnats.Start(t)
+	hold, opts := newChunkHold()
+	startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "64", "--journal-chunk-ops", "64")
+	b := newBus(t, ns)
+	const tenant, other, n = "held", "free", 40
+	hub := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, node(hub))))
+	var reqs []string
+	for i := 0; i < n; i++ {
+		x := uuid.NewString()
+		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(uuid.NewString(), x, hub)))
+	}
+	for _, id := range reqs {
+		mustOK(t, b.wait(id))
+	}
+	hold.arm()
+	tomb := b.send(tenant, tombNode(hub))
+	<-hold.held
+	late := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, node(late)))) // committed after the journal's head
+	mustOK(t, b.wait(b.send(other, node(uuid.NewString()))))
+
+	// The other tenant's put is published while the journal is held.
+	readChanges(t, b, other, func(cs []client.Change) bool { return len(cs) == 1 })
+	// The held tenant's feed holds everything before the journal's tx, and
+	// nothing after it.
+	before := readChanges(t, b, tenant, func(cs []client.Change) bool { return len(cs) == 1+2*n })
+	c, err := client.New(b.nc, client.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := c.OpenChanges(ctx, client.ChangesConfig{Tenant: tenant, Durable: "held-reader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(before); i++ { // the durable reader takes what is there
+		m, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Ack()
+	}
+	if p, err := r.Pending(ctx); err != nil || p != 0 {
+		t.Fatalf("the feed of %s holds %d more changes while its journal is held (err %v)", tenant, p, err)
+	}
+	close(hold.release)
+	mustOK(t, b.wait(tomb))
+	var after []client.Change
+	for len(after) < n+2 {
+		m, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d changes: %v", len(after), err)
+		}
+		after = append(after, m.Change)
+		_ = m.Ack()
+	}
+	r.Close()
+	for i, c := range after[:n] {
+		if c.Kind != client.KindEdge || c.Op != client.ChangeTombstone || c.Cause != hub {
+			t.Fatalf("change %d after the release: %+v, want an edge tombstone caused by the hub", i, c)
+		}
+	}
+	if c := after[n]; c.ID != hub || c.Op != client.ChangeTombstone {
+		t.Fatalf("change %d: %+v, want the hub's tombstone", n, c)
+	}
+	if c := after[n+1]; c.ID != late || c.Op != client.ChangePut {
+		t.Fatalf("change %d: %+v, want the put committed while the journal ran", n+1, c)
+	}
+}
