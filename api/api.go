@@ -95,6 +95,9 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/edges", only(s.nodeEdges, append(list, "dir")...))
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes/{id}/history", only(s.history(storage.KindNode), list...))
 		mux.HandleFunc("GET /v1/tenants/{t}/edges/{id}/history", only(s.history(storage.KindEdge), list...))
+		listing := []string{"valid", "tx", "as_of_valid", "as_of_tx", "wait", "limit", "cursor"}
+		mux.HandleFunc("GET /v1/tenants/{t}/nodes", only(s.list(storage.KindNode), listing...))
+		mux.HandleFunc("GET /v1/tenants/{t}/edges", only(s.list(storage.KindEdge), listing...))
 		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", only(s.request))
 		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id}", only(s.erasure))
 		mux.HandleFunc("GET /v1/journals", only(s.journals))
@@ -204,7 +207,7 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 // path (404).
 var (
 	healthRoutes = []string{"/healthz", "/readyz", "/metrics"}
-	readRoutes   = []string{"/v1/tenants/*/nodes/*", "/v1/tenants/*/edges/*", "/v1/tenants/*/nodes/*/edges",
+	readRoutes   = []string{"/v1/tenants/*/nodes", "/v1/tenants/*/edges", "/v1/tenants/*/nodes/*", "/v1/tenants/*/edges/*", "/v1/tenants/*/nodes/*/edges",
 		"/v1/tenants/*/nodes/*/history", "/v1/tenants/*/edges/*/history", "/v1/tenants/*/requests/*", "/v1/tenants/*/erasures/*", "/v1/journals", "/v1/partitions"}
 )
 
