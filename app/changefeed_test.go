@@ -43,7 +43,8 @@ func readChanges(t *testing.T, b *bus, tenant string, done func([]client.Change)
 // A journaled cascade on the feed: every edge's put, then every edge's
 // tombstone with the hub as cause, the hub's tombstone last, each exactly
 // once, in tx order; props ride on puts; an erase comes after the
-// changes it followed and carries no props.
+// changes it followed, carries no props, and deletes the erased puts from
+// the feed before it is published.
 func TestChangeFeedOfAJournaledCascade(t *testing.T) {
 	ns := testnats.Start(t)
 	startWorker(t, ns, t.TempDir(), Options{}, "--max-batch-ops", "64", "--journal-chunk-ops", "64")
@@ -109,8 +110,15 @@ func TestChangeFeedOfAJournaledCascade(t *testing.T) {
 	if tombs != n || hubTomb < 0 {
 		t.Fatalf("%d edge tombstones (want %d), hub tombstone at %d", tombs, n, hubTomb)
 	}
-	if want := 1 + 2*n + n + 1 + 1 + 1 + 1; len(got) != want { // puts, tombstones, the other's put, tombstone and erase
+	// Puts, tombstones, the other's tombstone and erase: the other's put,
+	// props and all, left the feed before the erase was on it.
+	if want := 1 + 2*n + n + 1 + 1 + 1; len(got) != want {
 		t.Fatalf("%d changes, want %d", len(got), want)
+	}
+	for _, c := range got {
+		if c.ID == other && c.Op == client.ChangePut {
+			t.Fatalf("the erased node's put is still on the feed: %+v", c)
+		}
 	}
 	e := got[len(got)-1]
 	if e.ID != other || e.RequestID != erase || e.Props != nil || e.VersionsErased == nil {

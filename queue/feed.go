@@ -148,6 +148,19 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		}
 		ft := &feedTenant{sc: sc}
 		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: p.st.FeedHorizon(sc), Max: feedBatch}, func(c *storage.Change) error {
+			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps {
+				// The erased props leave the feed before the erase is on it.
+				if err := awaitAll(ctx, ft.futs); err != nil {
+					return err
+				}
+				n, err := p.scrubFeed(ctx, sc, c)
+				if err != nil {
+					return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
+				}
+				if n > 0 {
+					p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n)
+				}
+			}
 			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c))
 			if err != nil {
 				return err
@@ -218,6 +231,85 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		return false, err
 	}
 	return more, nil
+}
+
+// awaitAll waits until every publish is stored; the first failure is the
+// error.
+func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// scrubFeed deletes from the feed (JetStream's secure delete: the
+// message's bytes are overwritten) every put of the tenant that carried a
+// payload the erase c erased: the entity's own, and for a node its edges'.
+// It reads the tenant's puts the stream still keeps: an erase costs a read
+// of them (CONTRACT §5, "Change feed").
+func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (int, error) {
+	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
+	if err != nil {
+		return 0, err
+	}
+	id := c.V.ID.String()
+	filters := []string{client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), client.KindEdge, client.ChangePut)}
+	if c.V.Kind == storage.KindNode {
+		filters = append(filters, client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), client.KindNode, client.ChangePut))
+	}
+	any := client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), "*", client.ChangePut)
+	if len(filters) == 1 {
+		any = filters[0]
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(any))
+	if err != nil {
+		return 0, err
+	}
+	if len(info.State.Subjects) == 0 { // none of the tenant's puts is kept
+		return 0, nil
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for {
+		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return deleted, err
+		}
+		got, last := 0, uint64(1)
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return deleted, err
+			}
+			last = md.NumPending
+			var ch struct{ ID, Src, Dst string }
+			if json.Unmarshal(m.Data(), &ch) != nil {
+				continue
+			}
+			if ch.ID == id || (c.V.Kind == storage.KindNode && (ch.Src == id || ch.Dst == id)) {
+				if err := stream.SecureDeleteMsg(ctx, md.Sequence.Stream); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+					return deleted, err
+				}
+				deleted++
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return deleted, err
+		}
+		if got == 0 || last == 0 {
+			return deleted, nil
+		}
+	}
 }
 
 // changeMsg is a change's message.
