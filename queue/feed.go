@@ -63,6 +63,8 @@ type FeedHooks struct {
 	Failed func(err error)
 	// Reordered: a round lost a message while a later one was stored.
 	Reordered func(tenant string)
+	// Erased: a round published erases (their results waited for it).
+	Erased func()
 }
 
 // FeedPublisher publishes one store's change feed.
@@ -127,7 +129,8 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 type feedTenant struct {
 	sc     storage.Scope
 	pos    storage.FeedPos
-	futs   []jetstream.PubAckFuture
+	futs   []jetstream.PubAckFuture // published, their acks not received yet
+	stored int                      // published and acked (before an erase)
 	erased [][]byte
 }
 
@@ -153,6 +156,9 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				if err := awaitAll(ctx, ft.futs); err != nil {
 					return err
 				}
+				// A future's answer is received once: these are stored.
+				ft.stored += len(ft.futs)
+				ft.futs = ft.futs[:0]
 				n, err := p.scrubFeed(ctx, sc, c)
 				if err != nil {
 					return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
@@ -178,10 +184,10 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			// the cursor stays: published again next round.
 			ft.pos = from
 		}
-		if len(ft.futs) > 0 || pos != from {
+		if len(ft.futs)+ft.stored > 0 || pos != from {
 			ts = append(ts, ft)
 		}
-		if len(ft.futs) >= feedBatch {
+		if len(ft.futs)+ft.stored >= feedBatch {
 			more = true
 		}
 	}
@@ -214,7 +220,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		}
 		save[ft.sc] = ft.pos
 		erased = append(erased, ft.erased...)
-		n += len(ft.futs)
+		n += len(ft.futs) + ft.stored
 	}
 	if len(save) > 0 {
 		if err := p.st.SaveFeed(ctx, save, erased); err != nil {
@@ -225,6 +231,9 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		}
 		if p.hooks.Published != nil && n > 0 {
 			p.hooks.Published(n)
+		}
+		if p.hooks.Erased != nil && len(erased) > 0 {
+			p.hooks.Erased()
 		}
 	}
 	if err := errors.Join(readErr, ackErr); err != nil {
@@ -263,24 +272,33 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 	if c.V.Kind == storage.KindNode {
 		filters = append(filters, client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), client.KindNode, client.ChangePut))
 	}
-	any := client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), "*", client.ChangePut)
+	pattern := client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), "*", client.ChangePut)
 	if len(filters) == 1 {
-		any = filters[0]
+		pattern = filters[0]
 	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(any))
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(pattern))
 	if err != nil {
 		return 0, err
 	}
-	if len(info.State.Subjects) == 0 { // none of the tenant's puts is kept
+	total := uint64(0)
+	for _, n := range info.State.Subjects {
+		total += n
+	}
+	if total == 0 { // none of the tenant's puts is kept
 		return 0, nil
 	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
 	if err != nil {
 		return 0, err
 	}
-	deleted := 0
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(time.Second))
+	deleted, seen := 0, uint64(0)
+	for wait := false; ; {
+		var batch jetstream.MessageBatch
+		if wait {
+			batch, err = cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+		} else {
+			batch, err = cons.FetchNoWait(512)
+		}
 		if err != nil {
 			return deleted, err
 		}
@@ -306,9 +324,14 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return deleted, err
 		}
-		if got == 0 || last == 0 {
+		seen += uint64(got)
+		switch {
+		case got > 0 && last == 0, seen >= total:
 			return deleted, nil
+		case got == 0 && wait:
+			return deleted, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
 		}
+		wait = got == 0
 	}
 }
 

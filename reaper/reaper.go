@@ -35,6 +35,10 @@ type Config struct {
 	// Publisher publishes finished journals' results from the outbox. Nil:
 	// outbox rows wait (tests of the store alone).
 	Publisher Publisher
+	// WaitFeed: the change feed is on; an erase's result waits until the
+	// feed has published the erase (and deleted the erased puts from
+	// itself first: queue.FeedPublisher).
+	WaitFeed bool
 	// Schedule is the cron spec of passes (5-field, or a descriptor such as
 	// "@every 30s"). Default "@every 30s": a journal whose applier failed is
 	// tried again at the first pass after its backoff.
@@ -938,6 +942,10 @@ func (s *Service) Summarize() Summary {
 	return sum
 }
 
+// KickOutbox makes the outbox publisher look at once (the change feed
+// published erases whose results wait for it).
+func (s *Service) KickOutbox() { s.kickPublish() }
+
 func (s *Service) kickPublish() {
 	select {
 	case s.kick <- struct{}{}:
@@ -1013,6 +1021,18 @@ func (s *Service) PublishOutbox(ctx context.Context) (int, error) {
 			}
 			if err := ctx.Err(); err != nil {
 				return n, errors.Join(append(errs, err)...)
+			}
+			if s.cfg.WaitFeed && (o.Receipt.Op == storage.OpEraseNode || o.Receipt.Op == storage.OpEraseEdge) {
+				// The feed deletes the erased puts before it publishes the
+				// erase: the result waits for that (KickOutbox).
+				pending, err := s.store.FeedErasePending(sc, o.RequestID)
+				if err != nil {
+					return n, errors.Join(append(errs, err)...)
+				}
+				if pending {
+					s.cfg.Logger.Debug("erase result waits for the change feed", "tenant", o.Tenant, "request_id", o.RequestID)
+					continue
+				}
 			}
 			pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 			tk := o.Tenant + "\x00" + o.RequestID

@@ -452,7 +452,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	}
 	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.wiredCascadeHooks(opts.CascadeHooks)}
 	rp, err := reaper.New(st, reaper.Config{
-		Applier: cascade.NewApplier(st, copts), Publisher: pub, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
+		Applier: cascade.NewApplier(st, copts), Publisher: pub, WaitFeed: !qcfg.ChangeFeedOff, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
 		Clock: opts.Clock, Logger: log, Hooks: a.wiredReaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
 	})
 	if err != nil {
@@ -510,7 +510,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
 	defer func() { stopBG(); bg.Wait() }()
 	if !qcfg.ChangeFeedOff {
-		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered})
+		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox})
 		if err != nil {
 			return err
 		}

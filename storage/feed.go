@@ -455,3 +455,39 @@ func (s *Store) SaveFeed(ctx context.Context, pos map[Scope]FeedPos, erased [][]
 		return nil
 	})
 }
+
+// FeedBehind reports whether the tenant's feed has changes up to its
+// horizon that its saved cursor has not passed yet (what a publisher has
+// still to publish, or to save).
+func (s *Store) FeedBehind(ctx context.Context, sc Scope) (bool, error) {
+	from, err := s.FeedCursor(sc)
+	if err != nil {
+		return false, err
+	}
+	behind := false
+	_, err = s.ReadFeed(ctx, FeedRead{Scope: sc, From: from, UpTo: s.FeedHorizon(sc), Max: 1}, func(*Change) error {
+		behind = true
+		return nil
+	})
+	return behind, err
+}
+
+// FeedErasePending reports whether the erase of requestID still waits to
+// be published on the tenant's change feed (its row is deleted when it
+// is): its result waits for it (reaper.Config.WaitFeed).
+func (s *Store) FeedErasePending(sc Scope, requestID string) (bool, error) {
+	id := uuid.NewSHA1(uuid.NameSpaceOID, []byte(requestID))
+	lo, hi := JobsInState(sc, FeedEraseState)
+	found := false
+	err := scan(s.eng, lo, hi, func(k, _ []byte) error {
+		key, err := DecodeKey(k)
+		if err != nil {
+			return err
+		}
+		if key.JobID == id {
+			found = true
+		}
+		return nil
+	})
+	return found, err
+}

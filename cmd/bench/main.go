@@ -134,7 +134,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lightDuration, "light-duration", 0, "length of the light-load run (default 10s, quick 3s)")
 	fs.IntVar(&o.hubEdges, "hub-edges", 0, "edges of the hub (default 1000000, quick 100000)")
 	fs.DurationVar(&o.mixedDuration, "mixed-duration", 0, "length of the mixed phase's small requests; must outlast the hub's cascade (default 25s, quick 8s)")
-	phases := fs.String("phases", "small,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\", \"erase\", \"erase_changelog\" (erases beside another tenant's puts on stores of --erasure-store-mb, R1, issue 29) \"erase_changelog_r3\" (the same on a 3-server cluster) and \"read_member\" (reads through a member of 3 against a static replica, and NATS connections per member, issue 30) are not in the default)")
+	phases := fs.String("phases", "small,small_feed_off,pipeline,naive,mixed,hub", "phases to run (comma-separated subset; \"small_changelog\" (the small phase with --changelog jetstream, issue 21), \"small_changelog_r3\" (the same on an R3 changelog, a 3-server cluster in this process), \"mixed_changelog\" (the mixed phase with --changelog jetstream, on a NATS server of its own), \"scaling\", \"erase\", \"erase_changelog\" (erases beside another tenant's puts on stores of --erasure-store-mb, R1, issue 29) \"erase_changelog_r3\" (the same on a 3-server cluster) and \"read_member\" (reads through a member of 3 against a static replica, and NATS connections per member, issue 30) are not in the default; \"small_feed_off\" is the small phase with --change-feed=false, issue 31)")
 	scaling := fs.String("scaling-edges", "100000,1000000,4000000", "hub sizes of the scaling phase (quick: 100000,400000)")
 	erasureMB := fs.String("erasure-store-mb", "", "store sizes of the erase_changelog phases, in MB (default 100,1000; quick 20)")
 	fs.IntVar(&o.erasureCount, "erasure-count", 5, "erases per store size in the erase_changelog phases (after one warm-up erase)")
@@ -228,11 +228,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	for _, p := range strings.Split(*phases, ",") {
 		p = strings.TrimSpace(p)
 		switch p {
-		case "small", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase", "erase_changelog", "erase_changelog_r3", "read_member":
+		case "small", "small_feed_off", "small_changelog", "small_changelog_r3", "pipeline", "naive", "mixed", "mixed_changelog", "hub", "scaling", "erase", "erase_changelog", "erase_changelog_r3", "read_member":
 			o.phases[p] = true
 		case "":
 		default:
-			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase, erase_changelog, erase_changelog_r3, read_member)", p)
+			return nil, fmt.Errorf("--phases: unknown phase %q (want small, small_feed_off, small_changelog, small_changelog_r3, pipeline, naive, mixed, mixed_changelog, hub, scaling, erase, erase_changelog, erase_changelog_r3, read_member)", p)
 		}
 	}
 	if o.profileDir != "" {
@@ -280,6 +280,11 @@ func runAll(ctx context.Context, o *options, stderr io.Writer) (*Report, error) 
 	if o.phases["small"] {
 		if err := runSmall(ctx, o, pg, ns, filepath.Join(root, "worker"), specs, rep); err != nil {
 			return rep, fmt.Errorf("small: %w", err)
+		}
+	}
+	if o.phases["small_feed_off"] {
+		if err := runSmallWith(ctx, o, pg, ns, filepath.Join(root, "worker-feed-off"), specs, rep.SmallFeedOff, "small_feed_off", []string{"--change-feed=false"}); err != nil {
+			return rep, fmt.Errorf("small_feed_off: %w", err)
 		}
 	}
 	if o.phases["small_changelog"] {

@@ -66,6 +66,12 @@ type Report struct {
 	Date             string        `json:"date"`
 	TotalSeconds     float64       `json:"total_seconds"`
 
+	// SmallFeedOff is the small phase with --change-feed=false (the
+	// small phase runs with the feed on, the default): issue 31's cost,
+	// side by side; SmallVsSmallFeedOff its throughput ratio.
+	SmallFeedOff        *SmallReport `json:"small_feed_off,omitempty"`
+	SmallVsSmallFeedOff *float64     `json:"small_vs_small_feed_off,omitempty"`
+
 	// ReadMember is the read_member phase (issue 30 item 8).
 	ReadMember *ReadMemberReport `json:"read_member,omitempty"`
 }
@@ -179,6 +185,9 @@ func newReport(o *options) *Report {
 	if o.phases["pipeline"] {
 		r.Pipeline = &RateReport{}
 	}
+	if o.phases["small_feed_off"] {
+		r.SmallFeedOff = &SmallReport{}
+	}
 	if o.phases["naive"] {
 		r.Naive = &RateReport{}
 	}
@@ -225,6 +234,13 @@ func (r *Report) finish(total time.Duration) {
 	if r.SmallR3 != nil && r.SmallChangelogR3 != nil {
 		r.SmallChangelogR3VsSmallR3 = ratio(r.SmallChangelogR3.PerSec, r.SmallR3.PerSec)
 		add("small_changelog_r3_vs_small_r3", r.SmallChangelogR3VsSmallR3, false, 0.7, "issue 21: the changelog's own cost on R3 (both on the same 3-server cluster)")
+	}
+	if r.Small != nil && r.SmallFeedOff != nil {
+		r.SmallVsSmallFeedOff = ratio(r.Small.PerSec, r.SmallFeedOff.PerSec)
+		add("small_vs_small_feed_off", r.SmallVsSmallFeedOff, false, 0.8, "issue 31: the change feed on (the default) against off")
+		if r.SmallFeedOff.Light != nil && r.Small.Light != nil {
+			add("small.light_p99_ms / small_feed_off.light_p99_ms", ratio(r.Small.LightP99ms, r.SmallFeedOff.LightP99ms), true, 1.25, "issue 31")
+		}
 	}
 	if r.Hub != nil {
 		r.HubVsRaw = ratio(r.Hub.Seconds, r.Hub.RawPebbleSeconds)
