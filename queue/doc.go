@@ -5,7 +5,10 @@
 // through cascade.Ops (group commit: one durable batch per group, receipts
 // included), publishes one result per request (Publisher; package reaper
 // publishes journaled cascades' results from the durable outbox through the
-// same Publisher), and dead-letters what can never apply.
+// same Publisher), dead-letters what can never apply, and publishes each
+// slot's change feed to TELHA_CHG (feed.go: FeedPublisher reads what
+// committed from the store, storage.ReadFeed, and saves its cursors through
+// the writer once a round is stored).
 //
 // Delivery: at-least-once in, exactly-once effect. A message is acked only
 // after its effect (and receipt) is durable and its result has been accepted

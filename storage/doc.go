@@ -12,7 +12,10 @@
 // rows and the in-memory fence registry that keeps writes away from a node
 // whose cascade is in flight, the committed tx reads are answered at (safe
 // time, safetime.go), and erasure's records: erase heads, erasure records,
-// the one rewrite of a version's value, and the disk scrub (erase.go).
+// the one rewrite of a version's value, and the disk scrub (erase.go), and
+// the change feed's source: a tenant's changes read from its tx_time_index
+// up to its horizon, erases' feed rows and the feed's cursors (feed.go),
+// and the listing of live entities (list.go).
 //
 // Invariants kept here:
 //
@@ -21,8 +24,8 @@
 //
 //   - Puts only. Versions, adjacency rows and index entries are never
 //     deleted; a delete is a tombstone version. The only deletes the store
-//     ever issues are of jobs rows (journal and erase heads, outbox rows)
-//     and delivery markers. The one rewrite is erasure's: a version's value
+//     ever issues are of jobs rows (journal and erase heads, outbox rows,
+//     erases' feed rows) and delivery markers. The one rewrite is erasure's: a version's value
 //     with its payload erased, under the same key (I4: liveness unchanged).
 //
 //   - Latest-tx-wins: at (v, t) the version with the highest tx.start among
