@@ -601,6 +601,7 @@ var requiredAlerts = []string{
 	"TelhaDeadLetterResultFailures",
 	"TelhaOldestRequestWaiting",
 	"TelhaResultsParked",
+	"TelhaChangeFeedLagging",
 }
 
 // dynamicAlerts read the families only a dynamic member exports

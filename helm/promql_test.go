@@ -52,6 +52,10 @@ var workerMetrics = map[string]string{
 	"telha_erase_scrub_writer_held_seconds":           "histogram",
 	"telha_erase_scrub_bytes_total":                   "counter",
 	"telha_erase_scrub_failures_total":                "counter",
+	"telha_changes_published_total":                   "counter",
+	"telha_change_feed_failures_total":                "counter",
+	"telha_change_feed_reordered_total":               "counter",
+	"telha_change_feed_lag_seconds":                   "gauge",
 	"telha_storage_commit_failures_total":             "counter",
 	"telha_storage_disk_free_bytes":                   "gauge",
 	// --partition-owner dynamic: the member's own families.

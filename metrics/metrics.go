@@ -61,6 +61,7 @@ type Metrics struct {
 	ScrubFailures   prometheus.Counter
 	// The change feed (queue.FeedHooks).
 	Changes, ChangeFeedFails, ChangeFeedReorders prometheus.Counter
+	ChangeFeedLag                                prometheus.Gauge
 }
 
 // Labels are the label values initialised at start, so rate() sees zeros
@@ -167,6 +168,9 @@ func New(b Build, l Labels) *Metrics {
 		ChangeFeedFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "telha_change_feed_failures_total", Help: "Rounds of the change feed that failed (NATS unreachable, the stream missing); each is published again from the saved cursors after a backoff.",
 		}),
+		ChangeFeedLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "telha_change_feed_lag_seconds", Help: "Age of the oldest committed change the change feed has not stored yet (0: caught up), after its last round.",
+		}),
 		ChangeFeedReorders: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "telha_change_feed_reordered_total", Help: "Changes lost by the server while a later change of the same round was stored: published again, after it (out of order). Alert on any.",
 		}),
@@ -174,7 +178,7 @@ func New(b Build, l Labels) *Metrics {
 	r.MustRegister(m.Requests, m.RequestDuration, m.Cascades, m.EdgesTombstoned, m.ChunksApplied,
 		m.ReaperRuns, m.ReaperResumed, m.ReaperLastSuccess, m.DeadLetters, m.CommitDuration, m.CommitFailures, m.BuildInfo,
 		m.WriterWait, m.WriterRun, m.DeadLetterFails, m.DeadLetterResFail, m.APIDenied, m.QueueWait, m.ResultsParked,
-		m.ScrubDuration, m.ScrubWriterHeld, m.ScrubBytes, m.ScrubFailures, m.Changes, m.ChangeFeedFails, m.ChangeFeedReorders,
+		m.ScrubDuration, m.ScrubWriterHeld, m.ScrubBytes, m.ScrubFailures, m.Changes, m.ChangeFeedFails, m.ChangeFeedReorders, m.ChangeFeedLag,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Only the pairs that can occur: a real op with any status, and op
 	// "unknown" with the statuses of a request that could not be read.
@@ -271,6 +275,9 @@ func (m *Metrics) ChangesPublished(n int) { m.Changes.Add(float64(n)) }
 
 // ChangeFeedFailed counts a failed round of the change feed.
 func (m *Metrics) ChangeFeedFailed(error) { m.ChangeFeedFails.Inc() }
+
+// ChangeFeedLagged sets the change feed's lag.
+func (m *Metrics) ChangeFeedLagged(d time.Duration) { m.ChangeFeedLag.Set(d.Seconds()) }
 
 // ChangeFeedReordered counts a change published out of order.
 func (m *Metrics) ChangeFeedReordered(string) { m.ChangeFeedReorders.Inc() }

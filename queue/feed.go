@@ -65,6 +65,9 @@ type FeedHooks struct {
 	Reordered func(tenant string)
 	// Erased: a round published erases (their results waited for it).
 	Erased func()
+	// Lag: after each round, how far behind the feed is: the age of the
+	// oldest change not yet stored (0 when every tenant caught up).
+	Lag func(time.Duration)
 }
 
 // FeedPublisher publishes one store's change feed.
@@ -139,6 +142,7 @@ type feedTenant struct {
 // stored. more: some tenant had more.
 func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var ts []*feedTenant
+	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
 	for _, sc := range p.st.Tenants() {
 		from, ok := p.pos[sc]
@@ -183,12 +187,14 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			// What was published waits for its acks like the rest, but
 			// the cursor stays: published again next round.
 			ft.pos = from
+			behind = append(behind, sc)
 		}
 		if len(ft.futs)+ft.stored > 0 || pos != from {
 			ts = append(ts, ft)
 		}
 		if len(ft.futs)+ft.stored >= feedBatch {
 			more = true
+			behind = append(behind, sc)
 		}
 	}
 	save := map[storage.Scope]storage.FeedPos{}
@@ -215,7 +221,11 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				return false, ctx.Err()
 			}
 		}
-		if failed || ft.pos == p.pos[ft.sc] && len(ft.erased) == 0 {
+		if failed {
+			behind = append(behind, ft.sc)
+			continue
+		}
+		if ft.pos == p.pos[ft.sc] && len(ft.erased) == 0 {
 			continue
 		}
 		save[ft.sc] = ft.pos
@@ -236,10 +246,36 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			p.hooks.Erased()
 		}
 	}
+	if p.hooks.Lag != nil {
+		p.hooks.Lag(p.lag(behind))
+	}
 	if err := errors.Join(readErr, ackErr); err != nil {
 		return false, err
 	}
 	return more, nil
+}
+
+// lag is the age of the oldest change not published yet (a change's age:
+// now less its tx) of the tenants the round left behind (the others
+// caught up to their horizon).
+func (p *FeedPublisher) lag(behind []storage.Scope) time.Duration {
+	var oldest storage.Ts
+	for _, sc := range behind {
+		pos := p.pos[sc]
+		h := p.st.FeedHorizon(sc)
+		var first storage.Ts
+		_, _ = p.st.ReadFeed(context.Background(), storage.FeedRead{Scope: sc, From: pos, UpTo: h, Max: 1}, func(c *storage.Change) error {
+			first = max(c.V.Tx.Start, 1)
+			return nil
+		})
+		if first != 0 && (oldest == 0 || first < oldest) {
+			oldest = first
+		}
+	}
+	if oldest == 0 {
+		return 0
+	}
+	return max(time.Since(oldest.Time()), 0)
 }
 
 // awaitAll waits until every publish is stored; the first failure is the

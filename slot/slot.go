@@ -510,7 +510,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
 	defer func() { stopBG(); bg.Wait() }()
 	if !qcfg.ChangeFeedOff {
-		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox})
+		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox, Lag: a.metrics.ChangeFeedLagged})
 		if err != nil {
 			return err
 		}

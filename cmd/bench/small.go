@@ -333,9 +333,8 @@ func runSmallWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		return fmt.Errorf("warm-up: %w", err)
 	}
 
-	// The change feed publishes the graph built before the worker started
-	// (a store's first start with the feed publishes its history): let it
-	// catch up, so that the runs measure the feed's steady cost.
+	// The graph's feed cursors say it was published (graphWriter.close);
+	// the warm-up's changes are let out before the runs.
 	if !cfg.ChangeFeedOff {
 		if err := waitFeed(ctx, a.Store(), 5*time.Minute); err != nil {
 			return err
