@@ -78,6 +78,9 @@ type FeedPublisher struct {
 	log   *slog.Logger
 	hooks FeedHooks
 	pos   map[storage.Scope]storage.FeedPos // saved cursors, read once
+	// maxData: the largest body the server takes (its max payload, less
+	// room for the subject and headers).
+	maxData int
 }
 
 // NewFeedPublisher returns the publisher of st's feed on nc.
@@ -89,7 +92,8 @@ func NewFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{}}, nil
+	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
+		maxData: int(nc.MaxPayload()) - 4096}, nil
 }
 
 // Run publishes until ctx ends: a round after every commit (at most one
@@ -171,7 +175,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 					p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n)
 				}
 			}
-			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c))
+			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
 			if err != nil {
 				return err
 			}
@@ -371,11 +375,18 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 	}
 }
 
-// changeMsg is a change's message.
-func changeMsg(cfg Config, sc storage.Scope, c *storage.Change) *nats.Msg {
+// changeMsg is a change's message. A put whose props would make it larger
+// than the server takes (maxData) goes without them, marked
+// props_omitted: one tenant's large props must not stop its feed (a
+// message the server refuses would be published again for ever).
+func changeMsg(cfg Config, sc storage.Scope, c *storage.Change, maxData int) *nats.Msg {
 	body := ChangeOf(sc, c, !cfg.ChangeFeedNoProps)
 	m := nats.NewMsg(client.ChangeSubject(cfg.Prefix, body.Tenant, body.Kind, body.Op))
 	m.Data, _ = json.Marshal(&body) // strings and a RawMessage of stored JSON: cannot fail
+	if maxData > 0 && len(m.Data) > maxData && body.Props != nil {
+		body.Props, body.PropsOmitted = nil, true
+		m.Data, _ = json.Marshal(&body)
+	}
 	if c.Op == storage.FeedErase {
 		m.Header.Set(jetstream.MsgIDHeader, client.EraseChangeMsgID(sc.Tenant(), c.V.Prov.RequestID))
 	} else {

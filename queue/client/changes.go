@@ -50,6 +50,10 @@ type Change struct {
 	Props json.RawMessage `json:"props,omitempty"`
 	// Erased: the version's payload was erased before it was published.
 	Erased bool `json:"erased,omitempty"`
+	// PropsOmitted: the put's props were too large for the server's
+	// largest message with the rest of the change; read the version
+	// (GET /v1/tenants/<t>/nodes/<id>?tx=<tx_time>) for them.
+	PropsOmitted bool `json:"props_omitted,omitempty"`
 	// VersionsErased: an erase's count of versions rewritten (for a node,
 	// its edges' included).
 	VersionsErased *uint64 `json:"versions_erased,omitempty"`
