@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -122,6 +123,15 @@ func (s *Store) FeedCursor(sc Scope) (FeedPos, error) {
 	return DecodeFeedPos(v)
 }
 
+// FeedGen counts the tenant's committed write transactions since the
+// store opened. A feed reader that read the tenant up to a horizon no
+// journal held back has nothing new to read while it does not move.
+func (s *Store) FeedGen(sc Scope) uint64 {
+	s.tenantsMu.RLock()
+	defer s.tenantsMu.RUnlock()
+	return s.feedGens[sc.tenant]
+}
+
 // FeedHorizon is the highest tx of the tenant's feed that is final: the
 // committed tx, below the tx of the tenant's oldest journal in flight (its
 // chunks still land at that tx).
@@ -176,6 +186,7 @@ func decodeFeedErase(b []byte) (feedErase, error) {
 // putFeedErase writes an erase's feed row in the batch that finishes it,
 // positioned after every tx committed so far.
 func (t *Txn) putFeedErase(e *EraseEntry, versions uint64) {
+	t.touch(e.Scope)
 	at := max(t.s.Committed(), e.Job.Tx)
 	kind := KindNode
 	if e.Job.Op == OpEraseEdge {
@@ -218,6 +229,7 @@ type feedReader struct {
 	c     Change
 	k     []byte
 	dead  map[uuid.UUID]bool // nodes tombstoned at the tx being read
+	nodes []Version          // the nodes of the tx being read, published after its edges
 	erase []feedEraseRow
 }
 
@@ -230,33 +242,153 @@ type feedEraseRow struct {
 // errFeedFull stops a read that reached its Max.
 var errFeedFull = fmt.Errorf("feed read full")
 
+// run reads the index in one pass: a tx's entries come nodes first (kind
+// 1 < 2), so its nodes are read and held (a request writes few), then its
+// edges are published as they come, then its nodes.
 func (fr *feedReader) run(ctx context.Context) error {
 	if err := fr.loadErases(); err != nil {
 		return err
 	}
-	if fr.pos.Phase != feedTxDone {
-		if err := fr.readTx(ctx, fr.pos.Tx); err != nil {
-			return fr.stopped(err)
-		}
+	from := fr.pos.Tx
+	switch {
+	case fr.pos == (FeedPos{}): // the feed's start
+		from = NoTs
+	case fr.pos.Phase == feedTxDone:
+		from = fr.pos.Tx + 1
 	}
-	for {
-		next, ok, err := fr.nextTx()
+	if from > fr.upTo {
+		return fr.stopped(fr.erasesBefore(fr.upTo + 1))
+	}
+	lo, hi := IdxRange(fr.sc, false, from, fr.upTo+1)
+	it, err := fr.r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("%w: iterator: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	ok := it.First()
+	for ok {
+		key, err := DecodeKey(it.Key())
 		if err != nil {
 			return err
 		}
-		if !ok {
-			break
+		tx := key.Tx
+		resuming := fr.pos.Tx == tx && fr.pos.Phase != feedTxDone
+		if !resuming {
+			// Erases that finished before this tx committed come first.
+			if err := fr.erasesBefore(tx); err != nil {
+				return fr.stopped(err)
+			}
 		}
-		// Erases that finished before this tx committed come first.
-		if err := fr.erasesBefore(next); err != nil {
-			return fr.stopped(err)
+		// The tx's nodes: held, and their tombstones are the causes.
+		fr.nodes = fr.nodes[:0]
+		clear(fr.dead)
+		for ok && key.Tx == tx && key.Kind == KindNode {
+			v, err := fr.version(it.Key(), key)
+			if err != nil {
+				return err
+			}
+			fr.nodes = append(fr.nodes, v)
+			if v.Tombstone {
+				if fr.dead == nil {
+					fr.dead = map[uuid.UUID]bool{}
+				}
+				fr.dead[v.ID] = true
+			}
+			if ok = it.Next(); ok {
+				if key, err = DecodeKey(it.Key()); err != nil {
+					return err
+				}
+			}
 		}
-		fr.pos = FeedPos{Tx: next, Phase: feedInEdges}
-		if err := fr.readTx(ctx, next); err != nil {
-			return fr.stopped(err)
+		// Its edges, as they come (a cascade's may be a million).
+		for ok && key.Tx == tx && key.Kind == KindEdge {
+			if !resuming || fr.pos.Phase == feedInEdges && after(key.ID, key.Valid, fr.pos.ID, fr.pos.Valid) {
+				v, err := fr.version(it.Key(), key)
+				if err != nil {
+					return err
+				}
+				if err := fr.emit(ctx, &v, FeedPos{Tx: tx, Phase: feedInEdges, ID: v.ID, Valid: v.Valid.Start}); err != nil {
+					return fr.stopped(err)
+				}
+			}
+			if ok = it.Next(); ok {
+				if key, err = DecodeKey(it.Key()); err != nil {
+					return err
+				}
+			}
 		}
+		// Then its nodes.
+		for i := range fr.nodes {
+			v := &fr.nodes[i]
+			if resuming && fr.pos.Phase == feedInNodes && !after(v.ID, v.Valid.Start, fr.pos.ID, fr.pos.Valid) {
+				continue
+			}
+			if err := fr.emit(ctx, v, FeedPos{Tx: tx, Phase: feedInNodes, ID: v.ID, Valid: v.Valid.Start}); err != nil {
+				return fr.stopped(err)
+			}
+		}
+		fr.pos = FeedPos{Tx: tx, Phase: feedTxDone}
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("%w: iterate: %w", ErrStorage, err)
 	}
 	return fr.stopped(fr.erasesBefore(fr.upTo + 1))
+}
+
+// after reports whether (id, valid) comes after (pid, pvalid) in index
+// order. A position within a phase with no entity (uuid.Nil) is before
+// every entity of it.
+func after(id uuid.UUID, valid Ts, pid uuid.UUID, pvalid Ts) bool {
+	if pid == uuid.Nil {
+		return true
+	}
+	if c := bytes.Compare(id[:], pid[:]); c != 0 {
+		return c > 0
+	}
+	return valid > pvalid
+}
+
+// version reads the version an index entry names.
+func (fr *feedReader) version(idxKey []byte, key Key) (Version, error) {
+	fr.k = appendVersionKey(fr.k[:0], versionSpace(key.Kind), fr.sc, key.ID, key.Tx, key.Valid)
+	raw, ok, err := getValue(fr.r, fr.k)
+	if err != nil {
+		return Version{}, err
+	}
+	if !ok {
+		return Version{}, fmt.Errorf("%w: index entry %x has no version", ErrDecode, idxKey)
+	}
+	return DecodeVersion(raw)
+}
+
+// emit hands one version's change to fn, and moves the position past it.
+func (fr *feedReader) emit(ctx context.Context, v *Version, pos FeedPos) error {
+	if fr.n >= fr.max {
+		return errFeedFull
+	}
+	if fr.n%256 == 255 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	fr.c = Change{Op: FeedPut, V: *v}
+	if v.Tombstone {
+		fr.c.Op = FeedTombstone
+		if v.Kind == KindEdge {
+			switch {
+			case fr.dead[v.Src]:
+				fr.c.Cause = v.Src
+			case fr.dead[v.Dst]:
+				fr.c.Cause = v.Dst
+			}
+		}
+	}
+	if err := fr.fn(&fr.c); err != nil {
+		return err
+	}
+	fr.n++
+	fr.pos = pos
+	return nil
 }
 
 func (fr *feedReader) stopped(err error) error {
@@ -302,144 +434,6 @@ func (fr *feedReader) erasesBefore(tx Ts) error {
 		fr.erase = fr.erase[1:]
 	}
 	return nil
-}
-
-// nextTx finds the first tx after the position with an index entry, at
-// most the horizon.
-func (fr *feedReader) nextTx() (Ts, bool, error) {
-	from := fr.pos.Tx + 1
-	if fr.pos == (FeedPos{}) { // the feed's start
-		from = NoTs
-	}
-	if from > fr.upTo {
-		return 0, false, nil
-	}
-	lo, hi := IdxRange(fr.sc, false, from, fr.upTo+1)
-	k, ok, err := firstKey(fr.r, lo, hi)
-	if err != nil || !ok {
-		return 0, false, err
-	}
-	key, err := DecodeKey(k)
-	if err != nil {
-		return 0, false, err
-	}
-	return key.Tx, true, nil
-}
-
-func firstKey(r pebble.Reader, lo, hi []byte) ([]byte, bool, error) {
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: iterator: %w", ErrStorage, err)
-	}
-	defer it.Close()
-	if !it.First() {
-		return nil, false, it.Error()
-	}
-	return append([]byte(nil), it.Key()...), true, nil
-}
-
-// readTx reads tx's edges then its nodes, from the position.
-func (fr *feedReader) readTx(ctx context.Context, tx Ts) error {
-	if err := fr.tombstonedNodes(tx); err != nil {
-		return err
-	}
-	if fr.pos.Phase == feedInEdges {
-		if err := fr.readKind(ctx, tx, KindEdge); err != nil {
-			return err
-		}
-		fr.pos = FeedPos{Tx: tx, Phase: feedInNodes}
-	}
-	if err := fr.readKind(ctx, tx, KindNode); err != nil {
-		return err
-	}
-	fr.pos = FeedPos{Tx: tx, Phase: feedTxDone}
-	return nil
-}
-
-// tombstonedNodes collects the nodes tombstoned at tx: the causes of the
-// edges tombstoned at the same tx. A tx is one request's, so these are few.
-func (fr *feedReader) tombstonedNodes(tx Ts) error {
-	clear(fr.dead)
-	lo := appendIdxKey(nil, ksTxIdx, fr.sc, tx, KindNode, uuid.Nil, NoTs)
-	hi := appendIdxKey(nil, ksTxIdx, fr.sc, tx, KindEdge, uuid.Nil, NoTs)
-	return scan(fr.r, lo, hi, func(k, _ []byte) error {
-		key, err := DecodeKey(k)
-		if err != nil {
-			return err
-		}
-		v, ok, err := getValue(fr.r, NodeKey(fr.sc, key.ID, key.Tx, key.Valid))
-		if err != nil || !ok {
-			return err
-		}
-		_, _, tomb, err := versionIntervals(v)
-		if err != nil {
-			return err
-		}
-		if tomb {
-			if fr.dead == nil {
-				fr.dead = map[uuid.UUID]bool{}
-			}
-			fr.dead[key.ID] = true
-		}
-		return nil
-	})
-}
-
-// readKind reads tx's entries of one kind after the position.
-func (fr *feedReader) readKind(ctx context.Context, tx Ts, k Kind) error {
-	lo := appendIdxKey(nil, ksTxIdx, fr.sc, tx, k, uuid.Nil, NoTs)
-	if fr.pos.Phase != feedTxDone && fr.pos.ID != uuid.Nil && fr.pos.Tx == tx && ((k == KindEdge) == (fr.pos.Phase == feedInEdges)) {
-		lo = append(appendIdxKey(nil, ksTxIdx, fr.sc, tx, k, fr.pos.ID, fr.pos.Valid), 0) // just after
-	}
-	hi := appendIdxKey(nil, ksTxIdx, fr.sc, tx, k+1, uuid.Nil, NoTs)
-	phase := feedInNodes
-	if k == KindEdge {
-		phase = feedInEdges
-	}
-	return scan(fr.r, lo, hi, func(key, _ []byte) error {
-		if fr.n >= fr.max {
-			return errFeedFull
-		}
-		if fr.n%256 == 255 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		dk, err := DecodeKey(key)
-		if err != nil {
-			return err
-		}
-		fr.k = appendVersionKey(fr.k[:0], versionSpace(k), fr.sc, dk.ID, dk.Tx, dk.Valid)
-		raw, ok, err := getValue(fr.r, fr.k)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%w: index entry %x has no version", ErrDecode, key)
-		}
-		v, err := DecodeVersion(raw)
-		if err != nil {
-			return err
-		}
-		fr.c = Change{Op: FeedPut, V: v}
-		if v.Tombstone {
-			fr.c.Op = FeedTombstone
-			if k == KindEdge {
-				switch {
-				case fr.dead[v.Src]:
-					fr.c.Cause = v.Src
-				case fr.dead[v.Dst]:
-					fr.c.Cause = v.Dst
-				}
-			}
-		}
-		if err := fr.fn(&fr.c); err != nil {
-			return err
-		}
-		fr.n++
-		fr.pos = FeedPos{Tx: tx, Phase: phase, ID: dk.ID, Valid: dk.Valid}
-		return nil
-	})
 }
 
 // SaveFeed records, in one durable batch through the writer, where each

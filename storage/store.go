@@ -84,6 +84,9 @@ type Store struct {
 
 	tenantsMu sync.RWMutex
 	tenants   map[string]bool
+	// feedGens counts each tenant's committed write transactions (under
+	// tenantsMu): the feed skips a tenant whose count did not move.
+	feedGens map[string]uint64
 	// refreshMu serializes Refresh (a store over a copy, copy.go).
 	refreshMu sync.Mutex
 
@@ -505,10 +508,16 @@ func (s *Store) update(fn func(*Txn) error) (err error) {
 	} else {
 		s.committed.poke()
 	}
-	if len(t.newTenants) > 0 {
+	if len(t.newTenants) > 0 || len(t.touched) > 0 {
 		s.tenantsMu.Lock()
 		for tn := range t.newTenants {
 			s.tenants[tn] = true
+		}
+		if s.feedGens == nil {
+			s.feedGens = map[string]uint64{}
+		}
+		for tn := range t.touched {
+			s.feedGens[tn]++
 		}
 		s.tenantsMu.Unlock()
 	}

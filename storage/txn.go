@@ -26,6 +26,7 @@ type Txn struct {
 	itBusy      bool
 	w           VersionWriter
 	newTenants  map[string]bool
+	touched     map[string]bool // tenants written (their feed generation moves: FeedGen)
 	rollbacks   []func()
 	afterCommit []func()
 	// written is the highest tx this transaction writes under (versions,
@@ -138,6 +139,10 @@ func (t *Txn) touch(sc Scope) {
 	if !t.s.knownTenant(sc.tenant) {
 		t.newTenants[sc.tenant] = true
 	}
+	if t.touched == nil {
+		t.touched = map[string]bool{}
+	}
+	t.touched[sc.tenant] = true
 }
 
 // Latest returns the latest-recorded version (highest tx.start) of an entity.
