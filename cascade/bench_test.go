@@ -9,7 +9,7 @@ import (
 
 // buildHub writes a node with n out-edges to n fresh neighbours, in
 // transactions of 10k edges.
-func buildHub(b *testing.B, o *Ops, sc storage.Scope, n int) uuid.UUID {
+func buildHub(b testing.TB, o *Ops, sc storage.Scope, n int) uuid.UUID {
 	b.Helper()
 	hub := uuid.New()
 	if _, err := o.PutNode(ctx, sc, storage.NodeWrite{ID: hub, ValidFrom: storage.NoTs, ValidTo: storage.NoTs}); err != nil {
