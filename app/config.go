@@ -199,6 +199,7 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 		return err
 	})
 	fs.DurationVar(&c.ChangesMaxAge, "change-feed-max-age", 7*24*time.Hour, "how long TELHA_CHG keeps changes (a consumer further behind resyncs from the read API's listing)")
+	fs.IntVar(&c.ChangesMaxRate, "change-feed-max-rate", 20_000, "most changes a slot's feed publishes per second: a burst (a finished super-node cascade) is paced so that requests keep their latency, and the feed lags meanwhile (0: unbounded)")
 	c.ChangesMaxBytes = 1 << 30
 	fs.Var((*byteSize)(&c.ChangesMaxBytes), "change-feed-max-bytes", "size limit of TELHA_CHG (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest changes go first")
 	fs.Int64Var(&c.ResultsMaxPerTenant, "results-max-per-tenant", 1_000_000, "most results TELHA_RES keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
@@ -274,6 +275,9 @@ func (c *Config) validate() []error {
 	}
 	if c.ResultsMaxAge < time.Minute || c.DLQMaxAge < time.Minute {
 		bad("--results-max-age and --dlq-max-age must be at least 1m")
+	}
+	if c.ChangesMaxRate < 0 {
+		bad("--change-feed-max-rate must not be negative, got %d", c.ChangesMaxRate)
 	}
 	if c.ChangesMaxAge < time.Minute {
 		bad("--change-feed-max-age must be at least 1m, got %s", c.ChangesMaxAge)

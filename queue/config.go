@@ -114,6 +114,11 @@ type Config struct {
 	// first). Defaults 7 days and 1 GiB.
 	ChangesMaxAge   time.Duration
 	ChangesMaxBytes int64
+	// ChangesMaxRate bounds the changes a slot's feed publishes per
+	// second (a burst, such as a finished million-edge cascade, waits
+	// instead of taking the CPU from requests). Default 20,000; -1:
+	// unbounded.
+	ChangesMaxRate int
 	// ChangesDuplicateWindow: the feed's Nats-Msg-Id window, how long a
 	// change published again (a slot that moved, a crash between a publish
 	// and its cursor's save) is recognised and stored once. Default 10m.
@@ -175,6 +180,9 @@ func (c Config) Defaults() Config {
 	defI(&c.Buffer, 1024)
 	defI(&c.BufferBytes, 16<<20)
 	defI(&c.GroupMax, 512)
+	if c.ChangesMaxRate == 0 {
+		c.ChangesMaxRate = 20_000
+	}
 	if c.Owner.Count == 0 {
 		c.Owner = Owner{Index: 0, Count: 1}
 	}

@@ -93,6 +93,8 @@ type FeedPublisher struct {
 	savedAt   time.Time
 	saveEvery time.Duration
 	read      map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
+	lastN     int                        // changes stored by the last round
+	rate      int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
 	maxData int
@@ -108,7 +110,7 @@ func NewFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
-		dirty: map[storage.Scope]storage.FeedPos{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{},
+		dirty: map[storage.Scope]storage.FeedPos{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
 		maxData: int(nc.MaxPayload()) - 4096}, nil
 }
 
@@ -126,7 +128,10 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
 		wake := p.st.Changed()
+		began := time.Now()
+		p.lastN = 0
 		more, err := p.Round(ctx)
+		p.pace(ctx, began, p.lastN)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -170,6 +175,25 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 type feedRead struct {
 	gen  uint64
 	held bool
+}
+
+// pace waits, after a round that stored n changes from began on, until
+// the feed's rate is at most p.rate: a burst (a million-edge cascade that
+// finished) is published at that rate, not as fast as the two cores
+// allow, so the requests beside it keep their latency; the feed lags
+// instead (telha_change_feed_lag_seconds).
+func (p *FeedPublisher) pace(ctx context.Context, began time.Time, n int) {
+	if p.rate <= 0 || n == 0 {
+		return
+	}
+	d := time.Duration(float64(n)/float64(p.rate)*float64(time.Second)) - time.Since(began)
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }
 
 type feedTenant struct {
@@ -286,6 +310,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		save[ft.sc] = ft.pos
 		erased = append(erased, ft.erased...)
 		n += len(ft.futs) + ft.stored
+		p.lastN += len(ft.futs) + ft.stored
 	}
 	// Stored: the positions move on in memory at once; they are saved
 	// (one durable batch through the writer) at most every saveEvery,

@@ -48,6 +48,7 @@ type Config struct {
 	ChangeFeedOff, ChangeFeedNoProps bool
 	ChangesMaxAge                    time.Duration
 	ChangesMaxBytes                  int64
+	ChangesMaxRate                   int // 0: unbounded
 	CacheMB                          int
 	MemTableMB                       int
 	// The changelog (issue 21, step A; changelog.go): --changelog off or
@@ -78,7 +79,17 @@ func (c Config) QueueConfig() queue.Config {
 		SecureDeleteAcked: c.SecureDeleteRequests, ResultsMaxBytes: c.ResultsMaxBytes, DLQMaxBytes: c.DLQMaxBytes,
 		ResultsMaxPerTenant: perTenant(c.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(c.DLQMaxPerTenant),
 		ChangeFeedOff: c.ChangeFeedOff, ChangeFeedNoProps: c.ChangeFeedNoProps, ChangesMaxAge: c.ChangesMaxAge, ChangesMaxBytes: c.ChangesMaxBytes,
+		ChangesMaxRate: unbounded(c.ChangesMaxRate),
 	}
+}
+
+// unbounded is a rate flag as queue.Config takes it (0, no bound, is -1
+// there).
+func unbounded(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // perTenant is a per-tenant limit flag as queue.Config takes it (0, no

@@ -379,6 +379,11 @@ func runSmallWith(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	// and compactions (seconds of CPU on 2 cores) are let finish first. The
 	// light run's own flushes and compactions are part of the figure.
 	waitCompactions(a.Store().Engine(), time.Minute)
+	if !cfg.ChangeFeedOff { // and the saturation's changes published (the feed is paced)
+		if err := waitFeed(ctx, a.Store(), 5*time.Minute); err != nil {
+			return err
+		}
+	}
 	waitIdle(o.waitIdle, runtime.NumCPU(), pg)
 	counter.reset()
 	lprof, err := startProfile(o.profileDir, label+"_light")
