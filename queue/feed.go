@@ -126,7 +126,7 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 	defer func() {
 		// What was stored and not saved yet: saved now, briefly (the
 		// store is still open: the slot stops its publisher first).
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		_ = p.save(sctx)
 		cancel()
 	}()
@@ -373,8 +373,20 @@ func (p *FeedPublisher) save(ctx context.Context) error {
 	if len(p.dirty) == 0 && len(p.erased) == 0 {
 		return nil
 	}
-	if err := p.st.SaveFeed(ctx, p.dirty, p.erased); err != nil {
-		return fmt.Errorf("save feed cursors: %w", err)
+	// The save waits for the writer, which a draining or stopping slot
+	// may hold: the publisher gives up with ctx, and the writer skips the
+	// task when it reaches it (its ctx is done), so a stop never waits on
+	// the feed.
+	done := make(chan error, 1)
+	dirty, erasedRows := p.dirty, p.erased
+	go func() { done <- p.st.SaveFeed(ctx, dirty, erasedRows) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("save feed cursors: %w", err)
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("save feed cursors: %w", ctx.Err())
 	}
 	erased := len(p.erased) > 0
 	p.dirty, p.erased, p.savedAt = map[storage.Scope]storage.FeedPos{}, nil, time.Now()
