@@ -203,6 +203,11 @@ func (r *Changes) Next(ctx context.Context) (*ChangeMsg, error) {
 	ch := make(chan got, 1)
 	for {
 		m, err := r.next(ctx, ch)
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			// A missed heartbeat (a slow or failing-over server): the
+			// iterator pulls again by itself; wait on.
+			continue
+		}
 		if err != nil || r.from == "" || m.Op == ChangeErase || m.TxTime >= r.from {
 			return m, err
 		}
