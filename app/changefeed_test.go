@@ -40,6 +40,20 @@ func readChanges(t *testing.T, b *bus, tenant string, done func([]client.Change)
 	return out
 }
 
+// hubEdges gives hub n edges, each from a node of its own, and waits for
+// every answer.
+func hubEdges(t *testing.T, b *bus, tenant, hub string, n int) {
+	t.Helper()
+	var reqs []string
+	for i := 0; i < n; i++ {
+		x := uuid.NewString()
+		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(uuid.NewString(), x, hub)))
+	}
+	for _, id := range reqs {
+		mustOK(t, b.wait(id))
+	}
+}
+
 // A journaled cascade on the feed: every edge's put, then every edge's
 // tombstone with the hub as cause, the hub's tombstone last, each exactly
 // once, in tx order; props ride on puts; an erase comes after the
@@ -52,14 +66,7 @@ func TestChangeFeedOfAJournaledCascade(t *testing.T) {
 	const tenant, n = "feed", 300
 	hub := uuid.NewString()
 	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": hub, "props": map[string]any{"name": "hub"}})))
-	var reqs []string
-	for i := 0; i < n; i++ {
-		x := uuid.NewString()
-		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(uuid.NewString(), x, hub)))
-	}
-	for _, id := range reqs {
-		mustOK(t, b.wait(id))
-	}
+	hubEdges(t, b, tenant, hub, n)
 	tomb := b.send(tenant, tombNode(hub))
 	if r := mustOK(t, b.wait(tomb)); !r.Journaled || r.EdgesTombstoned != n {
 		t.Fatalf("tombstone of the hub: %+v, want journaled with %d edges", r, n)
@@ -137,14 +144,7 @@ func TestChangeFeedWaitsForAJournalOfItsTenantOnly(t *testing.T) {
 	const tenant, other, n = "held", "free", 40
 	hub := uuid.NewString()
 	mustOK(t, b.wait(b.send(tenant, node(hub))))
-	var reqs []string
-	for i := 0; i < n; i++ {
-		x := uuid.NewString()
-		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(uuid.NewString(), x, hub)))
-	}
-	for _, id := range reqs {
-		mustOK(t, b.wait(id))
-	}
+	hubEdges(t, b, tenant, hub, n)
 	hold.arm()
 	tomb := b.send(tenant, tombNode(hub))
 	<-hold.held

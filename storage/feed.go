@@ -209,7 +209,7 @@ type FeedRead struct {
 // last change fn took. fn's Change is only valid during the call. An error
 // of fn stops the read (the position returned is the last one fn took).
 func (s *Store) ReadFeed(ctx context.Context, r FeedRead, fn func(*Change) error) (FeedPos, error) {
-	fr := feedReader{s: s, sc: r.Scope, pos: r.From, upTo: r.UpTo, max: max(r.Max, 1), fn: fn}
+	fr := feedReader{sc: r.Scope, pos: r.From, upTo: r.UpTo, max: max(r.Max, 1), fn: fn}
 	snap := s.eng.NewSnapshot()
 	defer snap.Close()
 	fr.r = snap
@@ -218,7 +218,6 @@ func (s *Store) ReadFeed(ctx context.Context, r FeedRead, fn func(*Change) error
 }
 
 type feedReader struct {
-	s     *Store
 	r     pebble.Reader
 	sc    Scope
 	pos   FeedPos
