@@ -51,6 +51,13 @@ const feedSaveEvery = 500 * time.Millisecond
 // more, and a busy slot's commits share rounds.
 const feedMinGap = 20 * time.Millisecond
 
+// feedAckWait bounds the wait for one change's ack. A publish the server
+// never answers (the stream's leader was lost with it in flight, or a
+// server that took it died) would otherwise hold its round, and the
+// tenant's feed, for good: timed out, the round fails and the tenant is
+// published again from its cursor.
+const feedAckWait = 10 * time.Second
+
 // ChangesStreamConfig is the change feed's stream.
 func ChangesStreamConfig(c Config) jetstream.StreamConfig {
 	c = c.Defaults()
@@ -107,7 +114,11 @@ type FeedPublisher struct {
 
 // NewFeedPublisher returns the publisher of st's feed on nc.
 func NewFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks) (*FeedPublisher, error) {
-	js, err := jetstream.New(nc)
+	return newFeedPublisher(nc, st, cfg, log, hooks, feedAckWait)
+}
+
+func newFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks, ackWait time.Duration) (*FeedPublisher, error) {
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackWait))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}

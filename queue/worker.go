@@ -76,7 +76,11 @@ type Worker struct {
 
 // New returns a worker over an open NATS connection and cascade engine.
 func New(nc *nats.Conn, ops *cascade.Ops, cfg Config, hooks Hooks, log *slog.Logger) (*Worker, error) {
-	js, err := jetstream.New(nc)
+	// A result the server never acks (its stream's leader lost with it in
+	// flight) times out like settle's wait for it, and leaves the
+	// publisher's table of pending acks: unbounded, those would stall
+	// every later publish.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(resultAckWait))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -599,6 +603,10 @@ type answers struct {
 	cancel context.CancelFunc
 }
 
+// resultAckWait bounds a group's answers: each result's ack is waited for
+// this long after finish, then its request is naked to come again.
+const resultAckWait = 30 * time.Second
+
 type pendingResult struct {
 	it  *item
 	fut jetstream.PubAckFuture
@@ -610,7 +618,7 @@ type pendingResult struct {
 // result; settle acks the rest once their results are acknowledged. work
 // is RunUntil's.
 func (w *Worker) finish(work context.Context, items []*item) *answers {
-	ctx, cancel := context.WithTimeout(work, 30*time.Second)
+	ctx, cancel := context.WithTimeout(work, resultAckWait)
 	defer func() {
 		var marked []*item
 		for _, it := range items {

@@ -1,0 +1,76 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// TestFeedRoundGivesUpOnAnUnansweredPublish: a change whose publish the
+// server never answers (here a plain subscriber takes it and no stream
+// does; in a cluster, a stream leader lost with the publish in flight)
+// fails its round once the ack wait passes, not when the slot stops; the
+// cursor stays where it was, and the next round, with the stream there,
+// stores the change. Before the bound, the round (and the tenant's feed
+// with it) waited for ever: TestDynamicNATSServerLost's feed check once
+// found 17 of 188 puts.
+func TestFeedRoundGivesUpOnAnUnansweredPublish(t *testing.T) {
+	ns := testnats.Start(t)
+	nc := testnats.Connect(t, ns.ClientURL())
+	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sc := storage.MustScope("acme")
+	id := uuid.New()
+	if _, err := cascade.New(st, cascade.Options{}).PutNode(ctx, sc, storage.NodeWrite{ID: id, ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
+		Props: []byte(`{"n":1}`), Prov: storage.Provenance{RequestID: "r1"}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{}.Defaults()
+	swallow, err := nc.SubscribeSync("telha.chg.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newFeedPublisher(nc, st, cfg, nil, FeedHooks{}, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Round(ctx); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		t.Fatalf("round with its publish unanswered: %v, want %v", err, jetstream.ErrAsyncPublishTimeout)
+	}
+	if m, err := swallow.NextMsg(time.Second); err != nil || m.Subject != "telha.chg.acme.node.put" {
+		t.Fatalf("the publish did not go out: %v", err)
+	}
+	if pos, err := st.FeedCursor(sc); err != nil || pos != (storage.FeedPos{}) || p.pos[sc] != (storage.FeedPos{}) {
+		t.Fatalf("the cursor moved past a change never stored: saved %+v (%v), in memory %+v", pos, err, p.pos[sc])
+	}
+
+	_ = swallow.Unsubscribe()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(ctx, ChangesStreamConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Round(ctx); err != nil {
+		t.Fatalf("round with the stream there: %v", err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "telha.chg.acme.node.put")
+	if err != nil || m.Header.Get(nats.MsgIdHdr) == "" {
+		t.Fatalf("the change is not in the stream after the retry: %v", err)
+	}
+}
