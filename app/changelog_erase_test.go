@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/sealed"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/metrics"
@@ -90,7 +91,7 @@ func TestChangelogEraseReachesEveryCopy(t *testing.T) {
 	w := startWorker(t, ns, dir, Options{}, flags...)
 	b := newBus(t, ns)
 	const tenant = "gdpr"
-	nodeMark, edgeMark, keepMark := "NODEMARK"+uuid.NewString()[:8], "EDGEMARK"+uuid.NewString()[:8], "KEEPMARK"+uuid.NewString()[:8]
+	nodeMark, edgeMark, keepMark := diskscan.Marker("NODE"), diskscan.Marker("EDGE"), diskscan.Marker("KEEP")
 	n, m, keep, e := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
 	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": n,
 		"props": map[string]any{"name": nodeMark}, "provenance": map[string]any{"actor": "crm", "reason": "signup"}})))
@@ -224,7 +225,7 @@ func TestChangelogEraseWaitsForItsCopies(t *testing.T) {
 	}}, append(append([]string{}, changelogFlags...), "--secure-delete-requests")...)
 	b := newBus(t, ns)
 	const tenant = "gdpr"
-	mark := "WAITMARK" + uuid.NewString()[:8]
+	mark := diskscan.Marker("WAIT")
 	n := uuid.NewString()
 	mustOK(t, b.wait(b.send(tenant, withMarker(node(n), mark))))
 
@@ -304,7 +305,7 @@ func TestChangelogEraseDoesNotHoldTheWriter(t *testing.T) {
 	w := startWorker(t, ns, t.TempDir(), opts, changelogFlags...)
 	b := newBus(t, ns)
 	n := uuid.NewString()
-	mustOK(t, b.wait(b.send("gdpr", withMarker(node(n), "HOLDMARK"+uuid.NewString()[:8]))))
+	mustOK(t, b.wait(b.send("gdpr", withMarker(node(n), diskscan.Marker("HOLD")))))
 	rid := b.send("gdpr", eraseNode(n, "GDPR art. 17"))
 	select {
 	case <-reached:
@@ -340,7 +341,7 @@ func TestErasesArrivingDuringAScrubShareTheNext(t *testing.T) {
 	var puts []string
 	for i := range ids {
 		ids[i] = uuid.NewString()
-		puts = append(puts, b.send("gdpr", withMarker(node(ids[i]), "BATCHMARK"+uuid.NewString()[:8])))
+		puts = append(puts, b.send("gdpr", withMarker(node(ids[i]), diskscan.Marker("BATCH"))))
 	}
 	for _, rid := range puts {
 		mustOK(t, b.wait(rid))

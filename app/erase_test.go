@@ -52,7 +52,7 @@ func TestE2EErase(t *testing.T) {
 	b := newBus(t, ns)
 	const tenant = "gdpr"
 	hub, other, keep := uuid.NewString(), uuid.NewString(), uuid.NewString()
-	hubMark, edgeMark, keepMark := "HUBMARK"+uuid.NewString()[:8], "EDGEMARK"+uuid.NewString()[:8], "KEEPMARK"+uuid.NewString()[:8]
+	hubMark, edgeMark, keepMark := diskscan.Marker("HUB"), diskscan.Marker("EDGE"), diskscan.Marker("KEEP")
 	mustOK(t, b.wait(b.send(tenant, withMarker(node(hub), hubMark))))
 	mustOK(t, b.wait(b.send(tenant, node(other))))
 	mustOK(t, b.wait(b.send(tenant, withMarker(node(keep), keepMark))))
@@ -156,7 +156,7 @@ func TestHandledRequestsLeaveTheStreamFiles(t *testing.T) {
 			other = fmt.Sprintf("t%d", i)
 		}
 		b.send(other, node(uuid.NewString())) // never handled here
-		mark := "NATSMARK" + uuid.NewString()[:8]
+		mark := diskscan.Marker("NATS")
 		mustOK(t, b.wait(b.send("gdpr", withMarker(node(uuid.NewString()), mark))))
 		if err := w.stop(); err != nil { // the ack is on the wire before the stop returns
 			t.Fatal(err)

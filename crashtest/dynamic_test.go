@@ -1042,7 +1042,7 @@ func TestDynamicEraseLeavesNoCopy(t *testing.T) {
 	tenant := tenants[0]
 	l := newDynLoad(t, g.urls, tenants, slotOf)
 	ctx := context.Background()
-	propMark, provMark := "PROPMARK"+uuid.NewString()[:8], "PROVMARK"+uuid.NewString()[:8]
+	propMark, provMark := diskscan.Marker("PROP"), diskscan.Marker("PROV")
 	id := uuid.New()
 	l.publish(ctx, &client.Request{RequestID: uuid.NewString(), Op: "put_node", Tenant: tenant, ID: id.String(), ValidFrom: "2026-01-01T00:00:00Z",
 		Props: json.RawMessage(`{"name":"` + propMark + `"}`), Provenance: &client.Provenance{Actor: "crm", Reason: provMark}})

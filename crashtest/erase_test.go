@@ -46,7 +46,7 @@ func TestEraseSurvivesKill(t *testing.T) {
 	}
 
 	const tenant = "gdpr"
-	marker := "KILLMARK" + uuid.NewString()[:8]
+	marker := diskscan.Marker("KILL")
 	since := time.Now().Add(-time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

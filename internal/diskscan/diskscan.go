@@ -3,6 +3,7 @@ package diskscan
 import (
 	"bytes"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 )
@@ -26,4 +27,20 @@ func FilesContaining(dir, s string) ([]string, error) {
 		return nil
 	})
 	return hits, err
+}
+
+// Marker returns prefix followed by 12 random letters from G to Z: a
+// string to find on disk. Pebble compresses its tables (Snappy), and a
+// compressor writes a run of 4 or more bytes it has seen earlier in the
+// block as a back-reference: a marker of hex digits (a uuid's) can share
+// such a run with the uuids around it and so be missing from the file
+// byte by byte while its row is there. No hex digit, key or JSON name of
+// the store is made of these letters, so a marker stays whole where it is
+// stored.
+func Marker(prefix string) string {
+	b := []byte(prefix)
+	for range 12 {
+		b = append(b, byte('G'+rand.IntN(20)))
+	}
+	return string(b)
 }

@@ -137,8 +137,11 @@ type Client struct {
 	cfg Config
 }
 
-// New returns a client over an open connection.
+// New returns a client over an open connection. An async publish whose
+// ack never comes (its stream's leader lost with it in flight) fails with
+// jetstream.ErrAsyncPublishTimeout after 30 s; opts may set another bound.
 func New(nc *nats.Conn, cfg Config, opts ...jetstream.JetStreamOpt) (*Client, error) {
+	opts = append([]jetstream.JetStreamOpt{jetstream.WithPublishAsyncTimeout(30 * time.Second)}, opts...)
 	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return nil, err
