@@ -137,6 +137,9 @@ type Changelog struct {
 	scrubbedHook func(ScrubStatus)
 	// scrubFailed is told of each failed scrub of the copies (metrics).
 	scrubFailed func()
+	// beforeClaim, a test hook (nil in production), runs before each
+	// claim attempt of a start.
+	beforeClaim func(attempt int)
 
 	mu     sync.Mutex // guards status
 	status ChangelogStatus
@@ -255,23 +258,10 @@ func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 	if err != nil {
 		return nil, err
 	}
-	db := pe.DB
-	// The claim: a write-set of log data only (no key), appended now so
-	// that a previous writer still running (a zombie) is fenced at once
-	// rather than at our first request.
-	claim := db.NewBatch()
-	host, _ := os.Hostname()
-	_ = claim.LogData([]byte(fmt.Sprintf("telha claim host=%s pid=%d at=%s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))), nil)
-	ws := bytes.Clone(claim.Repr())
-	_ = claim.Close()
-	seq, err := c.cl.Append(ctx, ws)
+	seq, err := c.claim(ctx, pe.DB)
 	if err != nil {
 		_ = pe.Close()
-		return nil, fmt.Errorf("%w: changelog: claim: %w", storage.ErrFatal, err)
-	}
-	if err := partition.ApplyTo(db, seq, ws, true); err != nil {
-		_ = pe.Close()
-		return nil, fmt.Errorf("changelog: claim: %w", err)
+		return nil, err
 	}
 	c.status.ClaimSeq = seq
 	c.status.StartTook = time.Since(start)
@@ -279,6 +269,56 @@ func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes
 	c.log.Info("changelog: caught up", "stream", c.status.Stream, "restored", c.status.Restored, "restored_seq", c.status.RestoredSeq,
 		"seeded", c.status.Seeded, "replayed", c.status.Replayed, "claim_seq", seq, "in_place", kept != nil, "took", c.status.StartTook)
 	return pe, nil
+}
+
+// claimAttempts bounds the claims of one start. A claim is fenced when
+// the previous writer appended after this start read the log's end: an
+// owner whose lease lapsed while it still ran (cut off from the KV, or
+// paused) and that saved a feed cursor or finished a group just then. Its
+// write-sets are in the log, acknowledged: the copy reads on to the new
+// end and claims again, and the previous writer's next append is the one
+// refused. Only a writer that keeps appending through every attempt makes
+// the start fail (fenced; the host starts the slot again).
+const claimAttempts = 5
+
+// claim appends the claim, a write-set of log data only (no key), so
+// that a previous writer still running (a zombie) is fenced at once
+// rather than at our first request, and applies it to db.
+func (c *Changelog) claim(ctx context.Context, db *pebble.DB) (uint64, error) {
+	host, _ := os.Hostname()
+	for attempt := 1; ; attempt++ {
+		if c.beforeClaim != nil {
+			c.beforeClaim(attempt)
+		}
+		b := db.NewBatch()
+		_ = b.LogData([]byte(fmt.Sprintf("telha claim host=%s pid=%d at=%s", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339Nano))), nil)
+		ws := bytes.Clone(b.Repr())
+		_ = b.Close()
+		seq, err := c.cl.Append(ctx, ws)
+		if err == nil {
+			if err := partition.ApplyTo(db, seq, ws, true); err != nil {
+				return 0, fmt.Errorf("changelog: claim: %w", err)
+			}
+			return seq, nil
+		}
+		if !errors.Is(err, partition.ErrFenced) || attempt == claimAttempts || ctx.Err() != nil {
+			return 0, fmt.Errorf("%w: changelog: claim (attempt %d): %w", storage.ErrFatal, attempt, err)
+		}
+		c.log.Warn("changelog: the claim was fenced by the previous writer's append; reading on to the log's new end and claiming again",
+			"stream", c.status.Stream, "attempt", attempt, "err", err)
+		// A fenced partition.Changelog is done (its error is terminal):
+		// a new one reads the log's end as its expectation.
+		octx, cancel := context.WithTimeout(ctx, startCallTimeout)
+		cl, err := partition.Open(octx, c.js, c.cl.Config())
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("changelog: reopening after a fenced claim: %w", err)
+		}
+		c.cl = cl
+		if err := c.replayOnto(ctx, db); err != nil {
+			return 0, err
+		}
+	}
 }
 
 // ErrStandbySeed: a standby found a log to seed; only an owner seeds.
@@ -430,30 +470,40 @@ func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 			return nil, fmt.Errorf("%w: %s has applied sequence %d, the changelog %s starts at %d, and the newest checkpoint does not bridge the gap",
 				errChangelogConflict, dir, applied, c.status.Stream, first)
 		}
-		applied, err = partition.AppliedSeq(db)
-		if err != nil {
+		if err := c.replayOnto(ctx, db); err != nil {
 			return nil, err
-		}
-		c.status.ReplayFrom = applied + 1
-		err = c.cl.Replay(ctx, applied+1, func(seq uint64, ws []byte) error {
-			c.status.Replayed++
-			return partition.ApplyTo(db, seq, ws, false)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
-		}
-		// The erase markers replayed (and any a stopped copy left pending)
-		// are compacted before the copy serves or tails: a catch-up scrubs
-		// like the tail (issue 29 item 4).
-		if n, err := partition.ScrubPending(ctx, db); err != nil {
-			return nil, fmt.Errorf("changelog: an erase's compaction after the replay: %w", err)
-		} else if n > 0 {
-			c.log.Info("changelog: compacted the ranges of erases the replay applied", "erases", n)
 		}
 		out := pe
 		pe = nil // not closed by the defer: the caller's
 		return out, nil
 	}
+}
+
+// replayOnto applies to db every write-set of the changelog after db's
+// applied sequence, up to the log's end now, and compacts the ranges of
+// the erases among them before the copy serves or tails: a catch-up
+// scrubs like the tail (issue 29 item 4).
+func (c *Changelog) replayOnto(ctx context.Context, db *pebble.DB) error {
+	applied, err := partition.AppliedSeq(db)
+	if err != nil {
+		return err
+	}
+	if c.status.ReplayFrom == 0 {
+		c.status.ReplayFrom = applied + 1
+	}
+	err = c.cl.Replay(ctx, applied+1, func(seq uint64, ws []byte) error {
+		c.status.Replayed++
+		return partition.ApplyTo(db, seq, ws, false)
+	})
+	if err != nil {
+		return fmt.Errorf("changelog: replay from %d: %w", applied+1, err)
+	}
+	if n, err := partition.ScrubPending(ctx, db); err != nil {
+		return fmt.Errorf("changelog: an erase's compaction after the replay: %w", err)
+	} else if n > 0 {
+		c.log.Info("changelog: compacted the ranges of erases the replay applied", "erases", n)
+	}
+	return nil
 }
 
 // startCallTimeout bounds one JetStream call of a start (catchUp): a

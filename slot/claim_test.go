@@ -1,0 +1,106 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/testnats"
+	"github.com/telha/telha-cascade/partition"
+	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
+)
+
+// TestAFencedClaimReadsOnAndClaimsAgain: the previous writer (an owner
+// whose lease lapsed while it still ran) appends after this start read
+// the log's end and before its claim. The claim is fenced; the start
+// reads on to the log's new end (the previous writer's write-set is
+// applied: it was acknowledged), claims again, and the previous writer's
+// next append is the one refused. Before, the start failed fenced and a
+// static worker exited. A writer that appends before every attempt still
+// wins: the start fails fenced after claimAttempts.
+func TestAFencedClaimReadsOnAndClaimsAgain(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		ns := testnats.Start(t)
+		nc := testnats.Connect(t, ns.ClientURL())
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cfg := Config{DataDir: t.TempDir(), Partitions: 1, Owner: queue.Owner{Index: 0, Count: 1}, Changelog: "jetstream", StreamReplicas: 1}
+		c, err := OpenChangelog(ctx, nc, cfg, slog.New(slog.DiscardHandler), nil, func(string) {})
+		if err != nil || c == nil {
+			t.Fatalf("open the changelog: %v", err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		previous, err := partition.Open(ctx, js, cfg.ChangelogConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		appended := 0
+		c.beforeClaim = func(attempt int) {
+			if attempt > 1 && !always {
+				return
+			}
+			if _, err := previous.Append(ctx, writeSet(t, "previous", "v")); err != nil {
+				t.Errorf("the previous writer's append before claim %d: %v", attempt, err)
+				return
+			}
+			appended++
+		}
+		pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
+		if always {
+			if !errors.Is(err, partition.ErrFenced) || !errors.Is(err, storage.ErrFatal) || appended != claimAttempts {
+				t.Fatalf("a writer appending before each of %d claims: %v (it appended %d times), want a fatal ErrFenced", claimAttempts, err, appended)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("start with one append of the previous writer before its claim: %v", err)
+		}
+		v, closer, err := pe.DB.Get([]byte("previous"))
+		if err != nil || string(v) != "v" {
+			t.Fatalf("the previous writer's acknowledged write-set is not applied: %q %v", v, err)
+		}
+		_ = closer.Close()
+		if got := c.status.ClaimSeq; got != 2 {
+			t.Errorf("claim at sequence %d, want 2 (after the previous writer's)", got)
+		}
+		if _, err := previous.Append(ctx, writeSet(t, "previous", "w")); !errors.Is(err, partition.ErrFenced) {
+			t.Errorf("the previous writer's append after the claim: %v, want ErrFenced", err)
+		}
+		_ = pe.Close()
+	}
+}
+
+// writeSet is a Pebble batch's representation setting key to value.
+func writeSet(t *testing.T, key, value string) []byte {
+	t.Helper()
+	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem(), Logger: quietPebble{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b := db.NewBatch()
+	defer b.Close()
+	if err := b.Set([]byte(key), []byte(value), nil); err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte(nil), b.Repr()...)
+}
+
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...any)  {}
+func (quietPebble) Errorf(string, ...any) {}
+func (quietPebble) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}
