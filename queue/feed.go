@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -475,7 +476,9 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 	if total == 0 { // none of the tenant's puts is kept
 		return 0, nil
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
+	// Headers only: the message id names the entity, an edge's headers its
+	// endpoints; the bodies (props and all) stay on the server.
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters, HeadersOnly: true})
 	if err != nil {
 		return 0, err
 	}
@@ -498,11 +501,9 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 				return deleted, err
 			}
 			last = md.NumPending
-			var ch struct{ ID, Src, Dst string }
-			if json.Unmarshal(m.Data(), &ch) != nil {
-				continue
-			}
-			if ch.ID == id || (c.V.Kind == storage.KindNode && (ch.Src == id || ch.Dst == id)) {
+			h := m.Headers()
+			if changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id ||
+				(c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id)) {
 				if err := stream.SecureDeleteMsg(ctx, md.Sequence.Stream); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 					return deleted, err
 				}
@@ -523,6 +524,18 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 	}
 }
 
+// changeEntity is the entity id a change's message id names
+// (chg.<tenant>.<kind>.<id>.<tx>.<valid>: client.ChangeMsgID), or "".
+func changeEntity(msgID, tenant string) string {
+	rest, ok := strings.CutPrefix(msgID, "chg."+tenant+".")
+	if !ok {
+		return ""
+	}
+	_, rest, _ = strings.Cut(rest, ".") // the kind
+	id, _, _ := strings.Cut(rest, ".")
+	return id
+}
+
 // changeMsg is a change's message. A put whose props would make it larger
 // than the server takes (maxData) goes without them, marked
 // props_omitted: one tenant's large props must not stop its feed (a
@@ -539,6 +552,10 @@ func changeMsg(cfg Config, sc storage.Scope, c *storage.Change, maxData int) *na
 		m.Header.Set(jetstream.MsgIDHeader, client.EraseChangeMsgID(sc.Tenant(), c.V.Prov.RequestID))
 	} else {
 		m.Header.Set(jetstream.MsgIDHeader, client.ChangeMsgID(sc.Tenant(), body.Kind, body.ID, int64(c.V.Tx.Start), int64(c.V.Valid.Start)))
+	}
+	if body.Kind == client.KindEdge && c.Op != storage.FeedErase {
+		m.Header.Set(client.ChangeSrcHeader, body.Src)
+		m.Header.Set(client.ChangeDstHeader, body.Dst)
 	}
 	return m
 }

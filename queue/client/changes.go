@@ -74,6 +74,16 @@ func ChangeMsgID(tenant, kind, id string, txMicros, validMicros int64) string {
 	return fmt.Sprintf("chg.%s.%s.%s.%d.%d", tenant, kind, id, txMicros, validMicros)
 }
 
+// The headers of an edge's change besides Nats-Msg-Id: its endpoints. An
+// erase of a node deletes the puts of its edges from the feed; its scrub
+// reads the tenant's puts headers only (the bodies, props and all, stay
+// on the server), so what it reads per put is a few hundred bytes
+// whatever the props.
+const (
+	ChangeSrcHeader = "Telha-Src"
+	ChangeDstHeader = "Telha-Dst"
+)
+
 // EraseChangeMsgID is an erase's Nats-Msg-Id.
 func EraseChangeMsgID(tenant, requestID string) string {
 	return "chg." + tenant + ".erase." + requestID
