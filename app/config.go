@@ -202,6 +202,7 @@ func registerNames(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.ChangesMaxRate, "change-feed-max-rate", 20_000, "most changes a slot's feed publishes per second: a burst (a finished super-node cascade) is paced so that requests keep their latency, and the feed lags meanwhile (0: unbounded)")
 	c.ChangesMaxBytes = 1 << 30
 	fs.Var((*byteSize)(&c.ChangesMaxBytes), "change-feed-max-bytes", "size limit of TELHA_CHG (bytes, or with a unit: 512MiB, 1GiB, 2GB); the oldest changes go first")
+	fs.Int64Var(&c.ChangesMaxPerTenant, "change-feed-max-per-tenant", 1_000_000, "most changes TELHA_CHG keeps per tenant subject (telha.chg.<tenant>.<kind>.<op>), its oldest going first (0: no per-tenant limit)")
 	fs.Int64Var(&c.ResultsMaxPerTenant, "results-max-per-tenant", 1_000_000, "most results TELHA_RES keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.Int64Var(&c.DLQMaxPerTenant, "dlq-max-per-tenant", 10_000, "most dead letters TELHA_DLQ keeps per tenant subject, its oldest going first (0: no per-tenant limit)")
 	fs.IntVar(&c.StreamReplicas, "stream-replicas", 0, "replicas of the streams, buckets and changelogs this worker creates; 0: as many as the NATS servers the worker learns of when it connects, at most 3 (1 for the embedded server)")
@@ -290,8 +291,8 @@ func (c *Config) validate() []error {
 			bad("%s must be between 2MiB and 1PiB, got %d bytes", l.name, l.v)
 		}
 	}
-	if c.ResultsMaxPerTenant < 0 || c.DLQMaxPerTenant < 0 {
-		bad("--results-max-per-tenant and --dlq-max-per-tenant must not be negative (0: no per-tenant limit)")
+	if c.ResultsMaxPerTenant < 0 || c.DLQMaxPerTenant < 0 || c.ChangesMaxPerTenant < 0 {
+		bad("--results-max-per-tenant, --dlq-max-per-tenant and --change-feed-max-per-tenant must not be negative (0: no per-tenant limit)")
 	}
 	if c.LeaseTTL <= 0 {
 		bad("--lease-ttl must be positive, got %s", c.LeaseTTL)

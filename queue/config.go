@@ -114,6 +114,11 @@ type Config struct {
 	// first). Defaults 7 days and 1 GiB.
 	ChangesMaxAge   time.Duration
 	ChangesMaxBytes int64
+	// ChangesMaxPerTenant bounds the changes the feed keeps per tenant
+	// subject (telha.chg.<tenant>.<kind>.<op>), the tenant's oldest going
+	// first: one tenant's flood ages out its own history, not the other
+	// tenants'. Default 1,000,000; -1: no per-tenant limit.
+	ChangesMaxPerTenant int64
 	// ChangesMaxRate bounds the changes a slot's feed publishes per
 	// second (a burst, such as a finished million-edge cascade, waits
 	// instead of taking the CPU from requests). Default 20,000; -1:
@@ -159,6 +164,7 @@ func (c Config) Defaults() Config {
 	defI64(&c.ResultsMaxBytes, 1<<30)
 	defI64(&c.DLQMaxBytes, 1<<30)
 	defI64(&c.ChangesMaxBytes, 1<<30)
+	defI64(&c.ChangesMaxPerTenant, 1_000_000)
 	defI64(&c.ResultsMaxPerTenant, 1_000_000)
 	defI64(&c.DLQMaxPerTenant, 10_000)
 	if c.MaxDeaths <= 0 {

@@ -70,9 +70,12 @@ func ChangesStreamConfig(c Config) jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		MaxAge:      c.ChangesMaxAge,
 		MaxBytes:    c.ChangesMaxBytes,
-		Discard:     jetstream.DiscardOld,
-		Duplicates:  c.ChangesDuplicateWindow,
-		Replicas:    c.StreamReplicas,
+		// Per tenant subject: a tenant's flood ages out its own oldest
+		// changes first.
+		MaxMsgsPerSubject: c.ChangesMaxPerTenant,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        c.ChangesDuplicateWindow,
+		Replicas:          c.StreamReplicas,
 	}
 }
 

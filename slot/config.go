@@ -48,7 +48,8 @@ type Config struct {
 	ChangeFeedOff, ChangeFeedNoProps bool
 	ChangesMaxAge                    time.Duration
 	ChangesMaxBytes                  int64
-	ChangesMaxRate                   int // 0: unbounded
+	ChangesMaxPerTenant              int64 // 0: no per-tenant limit
+	ChangesMaxRate                   int   // 0: unbounded
 	CacheMB                          int
 	MemTableMB                       int
 	// The changelog (issue 21, step A; changelog.go): --changelog off or
@@ -79,7 +80,8 @@ func (c Config) QueueConfig() queue.Config {
 		SecureDeleteAcked: c.SecureDeleteRequests, ResultsMaxBytes: c.ResultsMaxBytes, DLQMaxBytes: c.DLQMaxBytes,
 		ResultsMaxPerTenant: perTenant(c.ResultsMaxPerTenant), DLQMaxPerTenant: perTenant(c.DLQMaxPerTenant),
 		ChangeFeedOff: c.ChangeFeedOff, ChangeFeedNoProps: c.ChangeFeedNoProps, ChangesMaxAge: c.ChangesMaxAge, ChangesMaxBytes: c.ChangesMaxBytes,
-		ChangesMaxRate: unbounded(c.ChangesMaxRate),
+		ChangesMaxPerTenant: perTenant(c.ChangesMaxPerTenant),
+		ChangesMaxRate:      unbounded(c.ChangesMaxRate),
 	}
 }
 
