@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -268,12 +269,12 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				// A future's answer is received once: these are stored.
 				ft.stored += len(ft.futs)
 				ft.futs = ft.futs[:0]
-				n, err := p.scrubFeed(ctx, sc, c)
+				n, secure, err := p.scrubFeed(ctx, sc, c)
 				if err != nil {
 					return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
 				}
 				if n > 0 {
-					p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n)
+					p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
 				}
 			}
 			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
@@ -449,43 +450,67 @@ func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
 	return nil
 }
 
-// scrubFeed deletes from the feed (JetStream's secure delete: the
-// message's bytes are overwritten) every put of the tenant that carried a
+// scrubFeed deletes from the feed every put of the tenant that carried a
 // payload the erase c erased: the entity's own, and for a node its edges'.
-// It reads the tenant's puts the stream still keeps: an erase costs a read
-// of them (CONTRACT §5, "Change feed").
-func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (int, error) {
+// It reads the headers of the tenant's puts the stream still keeps (an
+// erase costs a read of them: CONTRACT §5, "Change feed"), then deletes
+// the ones found: with JetStream's secure delete (the message's bytes
+// overwritten) when they are at most scrubSecureMax, plainly when more
+// (a hub's edges). It returns how many it deleted and whether securely.
+func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (int, bool, error) {
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
+	seqs, err := erasedPuts(ctx, stream, p.cfg.Prefix, sc, c)
+	if err != nil {
+		return 0, false, err
+	}
+	secure := len(seqs) <= scrubSecureMax
+	return len(seqs), secure, deleteAll(ctx, stream, seqs, secure)
+}
+
+// scrubSecureMax: the most puts an erase's scrub deletes with a secure
+// delete. The server overwrites a message by rewriting its whole block
+// file (up to 16 MB), once per message; a hub's thousands of edges would
+// take minutes. Beyond it the puts are deleted plainly: gone from every
+// read at once, their bytes left in the block until the server compacts
+// it (more than half of it deleted) or retention removes it
+// (--change-feed-max-age) (docs/RELIABILITY.md, (f2)).
+const scrubSecureMax = 64
+
+// erasedPuts returns the stream sequences of the tenant's puts that
+// carried what the erase c erased, reading the headers of the tenant's
+// puts the stream keeps.
+func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc storage.Scope, c *storage.Change) ([]uint64, error) {
 	id := c.V.ID.String()
-	filters := []string{client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), client.KindEdge, client.ChangePut)}
+	filters := []string{client.ChangeSubject(prefix, sc.Tenant(), client.KindEdge, client.ChangePut)}
 	if c.V.Kind == storage.KindNode {
-		filters = append(filters, client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), client.KindNode, client.ChangePut))
+		filters = append(filters, client.ChangeSubject(prefix, sc.Tenant(), client.KindNode, client.ChangePut))
 	}
-	pattern := client.ChangeSubject(p.cfg.Prefix, sc.Tenant(), "*", client.ChangePut)
+	pattern := client.ChangeSubject(prefix, sc.Tenant(), "*", client.ChangePut)
 	if len(filters) == 1 {
 		pattern = filters[0]
 	}
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(pattern))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	total := uint64(0)
 	for _, n := range info.State.Subjects {
 		total += n
 	}
 	if total == 0 { // none of the tenant's puts is kept
-		return 0, nil
+		return nil, nil
 	}
 	// Headers only: the message id names the entity, an edge's headers its
 	// endpoints; the bodies (props and all) stay on the server.
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters, HeadersOnly: true})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	deleted, seen := 0, uint64(0)
+	var seqs []uint64
+	seen := uint64(0)
 	for wait := false; ; {
 		var batch jetstream.MessageBatch
 		if wait {
@@ -494,37 +519,75 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 			batch, err = cons.FetchNoWait(512)
 		}
 		if err != nil {
-			return deleted, err
+			return nil, err
 		}
 		got, last := 0, uint64(1)
 		for m := range batch.Messages() {
 			got++
 			md, err := m.Metadata()
 			if err != nil {
-				return deleted, err
+				return nil, err
 			}
 			last = md.NumPending
 			h := m.Headers()
 			if changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id ||
 				(c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id)) {
-				if err := stream.SecureDeleteMsg(ctx, md.Sequence.Stream); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-					return deleted, err
-				}
-				deleted++
+				seqs = append(seqs, md.Sequence.Stream)
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return deleted, err
+			return nil, err
 		}
 		seen += uint64(got)
 		switch {
 		case got > 0 && last == 0, seen >= total:
-			return deleted, nil
+			return seqs, nil
 		case got == 0 && wait:
-			return deleted, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
+			return nil, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
 		}
 		wait = got == 0
 	}
+}
+
+// scrubDeletesInFlight bounds the deletes of an erase's scrub in flight
+// at once. Each is a request to the stream's leader (replicated, a round
+// of its group): one at a time, a hub's edges cost a round trip each.
+const scrubDeletesInFlight = 32
+
+// deleteAll deletes the messages seqs of stream (with JetStream's secure
+// delete when secure), scrubDeletesInFlight at a time; one already gone
+// counts as deleted.
+func deleteAll(ctx context.Context, stream jetstream.Stream, seqs []uint64, secure bool) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs error
+	)
+	sem := make(chan struct{}, scrubDeletesInFlight)
+	for _, seq := range seqs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return errors.Join(errs, ctx.Err())
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			del := stream.DeleteMsg
+			if secure {
+				del = stream.SecureDeleteMsg
+			}
+			if err := del(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				mu.Lock()
+				errs = errors.Join(errs, fmt.Errorf("secure delete of message %d: %w", seq, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // changeEntity is the entity id a change's message id names

@@ -16,7 +16,8 @@ import (
 
 // scrubFixture is a tenant's feed on a real stream: others puts of nodes
 // with propsBytes of props each, then a node t (two versions), nodes a
-// and b, the edges t->a, b->t and a->b, all published.
+// and b, the edges t->a, b->t and a->b, and hub more edges from t to a,
+// all published.
 type scrubFixture struct {
 	p                *FeedPublisher
 	stream           jetstream.Stream
@@ -26,7 +27,7 @@ type scrubFixture struct {
 	putSubjectFilter string
 }
 
-func newScrubFixture(tb testing.TB, others, propsBytes int) *scrubFixture {
+func newScrubFixture(tb testing.TB, others, propsBytes, hub int) *scrubFixture {
 	tb.Helper()
 	ns := testnats.Start(tb)
 	nc := testnats.Connect(tb, ns.ClientURL())
@@ -53,6 +54,10 @@ func newScrubFixture(tb testing.TB, others, propsBytes int) *scrubFixture {
 		reqs = append(reqs, cascade.Request{Scope: f.sc, Op: storage.OpPutEdge, ID: e[0], Src: e[1], Dst: e[2], Label: "knows", ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: props,
 			Prov: storage.Provenance{RequestID: fmt.Sprint("e", i)}})
 	}
+	for i := 0; i < hub; i++ {
+		reqs = append(reqs, cascade.Request{Scope: f.sc, Op: storage.OpPutEdge, ID: uuid.New(), Src: f.t, Dst: a, Label: "hub", ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
+			Props: props, Prov: storage.Provenance{RequestID: fmt.Sprint("h", i)}})
+	}
 	for len(reqs) > 0 {
 		n := min(len(reqs), 64)
 		out, _, err := ops.Apply(ctx, reqs[:n])
@@ -66,7 +71,7 @@ func newScrubFixture(tb testing.TB, others, propsBytes int) *scrubFixture {
 		}
 		reqs = reqs[n:]
 	}
-	f.puts = others + 4 + 3
+	f.puts = others + 4 + 3 + hub
 	cfg := Config{}.Defaults()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -111,18 +116,18 @@ func eraseOf(kind storage.Kind, id uuid.UUID) *storage.Change {
 // it as source or destination; an edge's erase, that edge's. It finds
 // them from the messages' headers (it reads no body).
 func TestScrubFeedDeletesTheErasedPutsOnly(t *testing.T) {
-	f := newScrubFixture(t, 50, 100)
+	f := newScrubFixture(t, 50, 100, 0)
 	ctx := context.Background()
-	if n, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 4 {
-		t.Fatalf("erase of the node: %d puts deleted (%v), want its 2 and its 2 edges'", n, err)
+	if n, secure, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 4 || !secure {
+		t.Fatalf("erase of the node: %d puts deleted (overwritten %v, %v), want its 2 and its 2 edges', overwritten", n, secure, err)
 	}
 	if got, want := f.kept(t), f.puts-4; got != want {
 		t.Fatalf("%d puts kept, want %d", got, want)
 	}
-	if n, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindEdge, f.ab)); err != nil || n != 1 {
+	if n, _, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindEdge, f.ab)); err != nil || n != 1 {
 		t.Fatalf("erase of the edge a->b: %d puts deleted (%v), want 1", n, err)
 	}
-	if n, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 0 {
+	if n, _, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 0 {
 		t.Fatalf("the node's erase again: %d deleted (%v), want 0", n, err)
 	}
 	if got, want := f.kept(t), f.puts-5; got != want {
@@ -130,15 +135,43 @@ func TestScrubFeedDeletesTheErasedPutsOnly(t *testing.T) {
 	}
 }
 
+// A hub's erase deletes its edges' puts too, beyond scrubSecureMax
+// plainly (an overwrite rewrites a whole block of the stream per
+// message): every one is gone from the stream all the same.
+func TestScrubFeedOfAHubDeletesPlainly(t *testing.T) {
+	f := newScrubFixture(t, 10, 100, scrubSecureMax)
+	n, secure, err := f.p.scrubFeed(context.Background(), f.sc, eraseOf(storage.KindNode, f.t))
+	if want := 2 + 2 + scrubSecureMax; err != nil || n != want || secure {
+		t.Fatalf("erase of the hub: %d puts deleted (overwritten %v, %v), want %d, not overwritten", n, secure, err, want)
+	}
+	if got, want := f.kept(t), f.puts-n; got != want {
+		t.Fatalf("%d puts kept, want %d", got, want)
+	}
+}
+
 // BenchmarkScrubFeed: the scrub of a node's erase on a tenant whose feed
 // keeps 5,000 puts of 4 KB of props (what it costs is reading them).
 func BenchmarkScrubFeed(b *testing.B) {
-	f := newScrubFixture(b, 5000, 4096)
+	f := newScrubFixture(b, 5000, 4096, 0)
 	ctx := context.Background()
 	b.ResetTimer()
 	for range b.N {
-		if _, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, uuid.New())); err != nil {
+		if _, _, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, uuid.New())); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkScrubFeedOfAHub: the scrub of the erase of a node with 2,000
+// edges, whose 2,003 puts it deletes (what it costs is the deletes).
+func BenchmarkScrubFeedOfAHub(b *testing.B) {
+	for range b.N {
+		b.StopTimer()
+		f := newScrubFixture(b, 0, 100, 2000)
+		b.StartTimer()
+		n, _, err := f.p.scrubFeed(context.Background(), f.sc, eraseOf(storage.KindNode, f.t))
+		if err != nil || n != 2+2+2000 {
+			b.Fatalf("%d deleted (%v)", n, err)
 		}
 	}
 }
