@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue/client"
 )
@@ -305,4 +306,61 @@ func TestChangeFeedResyncFromTheListing(t *testing.T) {
 			t.Fatalf("node %s is live but the resynced consumer does not hold it", id)
 		}
 	}
+}
+
+// An erase is answered ahead of its tenant's feed backlog: the feed is
+// paced to 200 changes/s and 3,000 puts of the tenant wait behind it
+// (15 s). The erase's result comes while the backlog is still being
+// published (its own message is not on the feed yet), with the erased
+// node's put already gone from the feed; the erase is then published in
+// order, after every change committed before it, and every put of the
+// backlog is there. Before, the result waited for the feed to reach the
+// erase.
+func TestEraseIsAnsweredAheadOfItsFeedBacklog(t *testing.T) {
+	ns := testnats.Start(t)
+	startWorker(t, ns, t.TempDir(), Options{}, "--change-feed-max-rate", "200")
+	b := newBus(t, ns)
+	const tenant, n = "slowfeed", 3000
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stream, err := b.js.Stream(ctx, "TELHA_CHG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(subject string) uint64 {
+		t.Helper()
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects[subject]
+	}
+	x := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": x, "props": map[string]any{"email": "x@example.com"}})))
+	testnats.Eventually(t, 30*time.Second, "the node's put on the feed", func() bool { return count("telha.chg.slowfeed.node.put") == 1 })
+	var reqs []string
+	for i := 0; i < n; i++ {
+		reqs = append(reqs, b.send(tenant, node(uuid.NewString())))
+	}
+	for _, id := range reqs {
+		mustOK(t, b.wait(id))
+	}
+	erase := b.send(tenant, map[string]any{"op": "erase_node", "id": x, "provenance": map[string]any{"reason": "gdpr"}})
+	mustOK(t, b.wait(erase))
+	puts, erases := count("telha.chg.slowfeed.node.put"), count("telha.chg.slowfeed.node.erase")
+	if erases != 0 || puts >= n {
+		t.Fatalf("when the erase was answered the feed held %d puts and %d erases: no backlog left to answer ahead of", puts, erases)
+	}
+	got := readChanges(t, b, tenant, func(cs []client.Change) bool {
+		return len(cs) > 0 && cs[len(cs)-1].Op == client.ChangeErase
+	})
+	if len(got) != n+2 {
+		t.Fatalf("%d changes on the feed, want the %d puts, the node's tombstone (the erase's) and the erase", len(got), n)
+	}
+	for _, c := range got {
+		if c.ID == x && c.Op == client.ChangePut {
+			t.Fatalf("the erased node's put is on the feed: %+v", c)
+		}
+	}
+	t.Logf("the erase was answered with %d of the %d puts behind it on the feed", puts, n)
 }

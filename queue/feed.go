@@ -105,13 +105,21 @@ type FeedPublisher struct {
 	pos   map[storage.Scope]storage.FeedPos // stored positions (the saved cursors, read once, then moved on)
 	// dirty: positions stored and not saved yet; erased: erase rows
 	// published and not deleted yet; savedAt: the last save.
-	dirty     map[storage.Scope]storage.FeedPos
-	erased    [][]byte
-	savedAt   time.Time
-	saveEvery time.Duration
-	read      map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
-	lastN     int                        // changes stored by the last round
-	rate      int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
+	dirty  map[storage.Scope]storage.FeedPos
+	erased [][]byte
+	// scrubbed: erases whose puts this publisher deleted from the feed
+	// ahead of its tenant's backlog, to be marked so (scrubbedKeys: their
+	// rows' keys) by the next save; unclean: tenants whose last round
+	// lost a publish (it may still be stored late: no scrub ahead until a
+	// round of theirs is stored whole).
+	scrubbed     []*storage.Change
+	scrubbedKeys map[string]bool
+	unclean      map[storage.Scope]bool
+	savedAt      time.Time
+	saveEvery    time.Duration
+	read         map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
+	lastN        int                        // changes stored by the last round
+	rate         int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
 	maxData int
@@ -131,7 +139,7 @@ func newFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
-		dirty: map[storage.Scope]storage.FeedPos{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
+		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
 		maxData: int(nc.MaxPayload()) - 4096}, nil
 }
 
@@ -257,11 +265,20 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			}
 			p.pos[sc] = from
 		}
+		// Erases whose puts are still on the feed are scrubbed now, ahead
+		// of the tenant's backlog, so that an erase's result never waits
+		// for the feed to reach it (a million-edge cascade's backlog is
+		// about 50 s at the default pace).
+		if err := p.scrubAhead(ctx, sc); err != nil {
+			readErr = errors.Join(readErr, fmt.Errorf("tenant %s: %w", sc, err))
+			behind = append(behind, sc)
+			continue
+		}
 		ft := &feedTenant{sc: sc}
 		horizon := p.st.FeedHorizon(sc)
 		ft.read = feedRead{gen: gen, held: horizon < p.st.Committed()}
 		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: horizon, Max: feedBatch}, func(c *storage.Change) error {
-			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps {
+			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps && !c.Scrubbed && !p.scrubbedKeys[string(c.EraseKey)] {
 				// The erased props leave the feed before the erase is on it.
 				if err := awaitAll(ctx, ft.futs); err != nil {
 					return err
@@ -331,9 +348,11 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			}
 		}
 		if failed {
+			p.unclean[ft.sc] = true
 			behind = append(behind, ft.sc)
 			continue
 		}
+		delete(p.unclean, ft.sc) // every publish of its round stored
 		if ft.pos == p.pos[ft.sc] && len(ft.erased) == 0 {
 			continue
 		}
@@ -369,7 +388,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	if p.hooks.Published != nil && n > 0 {
 		p.hooks.Published(n)
 	}
-	if len(p.erased) > 0 || len(p.dirty) > 0 && time.Since(p.savedAt) >= p.saveEvery {
+	if len(p.erased) > 0 || len(p.scrubbed) > 0 || len(p.dirty) > 0 && time.Since(p.savedAt) >= p.saveEvery {
 		if err := p.save(ctx); err != nil {
 			return false, errors.Join(readErr, ackErr, err)
 		}
@@ -386,7 +405,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 // save writes the positions stored since the last save, and deletes the
 // erase rows published, in one durable batch.
 func (p *FeedPublisher) save(ctx context.Context) error {
-	if len(p.dirty) == 0 && len(p.erased) == 0 {
+	if len(p.dirty) == 0 && len(p.erased) == 0 && len(p.scrubbed) == 0 {
 		return nil
 	}
 	// The save waits for the writer, which a draining or stopping slot
@@ -394,8 +413,8 @@ func (p *FeedPublisher) save(ctx context.Context) error {
 	// task when it reaches it (its ctx is done), so a stop never waits on
 	// the feed.
 	done := make(chan error, 1)
-	dirty, erasedRows := p.dirty, p.erased
-	go func() { done <- p.st.SaveFeed(ctx, dirty, erasedRows) }()
+	dirty, erasedRows, scrubbed := p.dirty, p.erased, p.scrubbed
+	go func() { done <- p.st.SaveFeed(ctx, dirty, erasedRows, scrubbed...) }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -404,10 +423,48 @@ func (p *FeedPublisher) save(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("save feed cursors: %w", ctx.Err())
 	}
-	erased := len(p.erased) > 0
+	erased := len(p.erased) > 0 || len(p.scrubbed) > 0
 	p.dirty, p.erased, p.savedAt = map[storage.Scope]storage.FeedPos{}, nil, time.Now()
+	p.scrubbed, p.scrubbedKeys = nil, map[string]bool{}
 	if erased && p.hooks.Erased != nil {
 		p.hooks.Erased()
+	}
+	return nil
+}
+
+// scrubAhead deletes from the feed the puts of the tenant's erases not
+// scrubbed yet, wherever its feed stands, and queues them to be marked
+// scrubbed by the next save (their results wait for that mark only). Safe
+// ahead of the backlog: between rounds none of the tenant's publishes is
+// in flight (unless its last round lost one, which may still be stored:
+// then it waits for a clean round), and the changes published from now
+// on are read from the store, where the erase's rewrites are committed
+// (its row is written in the batch that finishes it). The erase's own
+// message is published in order later, without a second scrub.
+func (p *FeedPublisher) scrubAhead(ctx context.Context, sc storage.Scope) error {
+	if p.unclean[sc] {
+		return nil
+	}
+	todo, err := p.st.FeedErasesToScrub(sc)
+	if err != nil {
+		return err
+	}
+	for i := range todo {
+		c := &todo[i]
+		if p.scrubbedKeys[string(c.EraseKey)] {
+			continue // scrubbed, its mark not saved yet
+		}
+		if !p.cfg.ChangeFeedNoProps {
+			n, secure, err := p.scrubFeed(ctx, sc, c)
+			if err != nil {
+				return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
+			}
+			if n > 0 {
+				p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
+			}
+		}
+		p.scrubbed = append(p.scrubbed, c)
+		p.scrubbedKeys[string(c.EraseKey)] = true
 	}
 	return nil
 }

@@ -68,6 +68,9 @@ type Change struct {
 	VersionsErased uint64
 	// EraseKey is an erase row's key (deleted by SaveFeed once published).
 	EraseKey []byte
+	// Scrubbed: an erase whose puts have left the feed already (SaveFeed's
+	// scrubbed): its result needs no more, and its publication no scrub.
+	Scrubbed bool
 }
 
 // FeedPos is a position in a tenant's feed: every change before it has
@@ -151,11 +154,18 @@ type feedErase struct {
 	Tx        Ts
 	RequestID string
 	Versions  uint64
+	// Scrubbed: the erased puts have left the feed (format 2; format 1,
+	// what earlier rows hold, is the same without it).
+	Scrubbed bool
 }
 
 func encodeFeedErase(f *feedErase) []byte {
 	e := enc{b: make([]byte, 0, 48+len(f.RequestID))}
-	e.byte(1)
+	if f.Scrubbed {
+		e.byte(2)
+	} else {
+		e.byte(1)
+	}
 	e.byte(byte(f.Op))
 	e.byte(byte(f.Kind))
 	e.uuid(f.ID)
@@ -168,7 +178,11 @@ func encodeFeedErase(f *feedErase) []byte {
 func decodeFeedErase(b []byte) (feedErase, error) {
 	d := dec{b: b}
 	var f feedErase
-	if d.byte() != 1 {
+	switch d.byte() {
+	case 1:
+	case 2:
+		f.Scrubbed = true
+	default:
 		d.fail("feed erase format")
 	}
 	f.Op = Op(d.byte())
@@ -425,7 +439,7 @@ func (fr *feedReader) erasesBefore(tx Ts) error {
 			return errFeedFull
 		}
 		row := fr.erase[0]
-		fr.c = Change{Op: FeedErase, V: Version{Kind: row.f.Kind, ID: row.f.ID, Tx: Open(row.f.Tx), Prov: Provenance{RequestID: row.f.RequestID}}, VersionsErased: row.f.Versions, EraseKey: row.key}
+		fr.c = eraseChange(row.key, &row.f)
 		if err := fr.fn(&fr.c); err != nil {
 			return err
 		}
@@ -435,13 +449,51 @@ func (fr *feedReader) erasesBefore(tx Ts) error {
 	return nil
 }
 
+func eraseChange(key []byte, f *feedErase) Change {
+	return Change{Op: FeedErase, V: Version{Kind: f.Kind, ID: f.ID, Tx: Open(f.Tx), Prov: Provenance{RequestID: f.RequestID}},
+		VersionsErased: f.Versions, EraseKey: key, Scrubbed: f.Scrubbed}
+}
+
+// FeedErasesToScrub returns the tenant's erases (as their feed changes)
+// whose puts have not been scrubbed from the feed yet, wherever the
+// tenant's feed stands: an erase's rewrites are committed when its row is
+// written, so a publisher may delete the erased puts it published before
+// and answer the erase without waiting for the feed to reach it (the
+// puts it publishes later are read from the store, erased).
+func (s *Store) FeedErasesToScrub(sc Scope) ([]Change, error) {
+	lo, hi := JobsInState(sc, FeedEraseState)
+	var out []Change
+	err := scan(s.eng, lo, hi, func(k, v []byte) error {
+		f, err := decodeFeedErase(v)
+		if err != nil {
+			return err
+		}
+		if !f.Scrubbed {
+			out = append(out, eraseChange(append([]byte(nil), k...), &f))
+		}
+		return nil
+	})
+	return out, err
+}
+
 // SaveFeed records, in one durable batch through the writer, where each
-// tenant's feed now stands, and deletes the erase rows published.
-func (s *Store) SaveFeed(ctx context.Context, pos map[Scope]FeedPos, erased [][]byte) error {
+// tenant's feed now stands, marks the erase rows scrubbed (changes from
+// FeedErasesToScrub whose puts left the feed), and deletes the erase rows
+// published.
+func (s *Store) SaveFeed(ctx context.Context, pos map[Scope]FeedPos, erased [][]byte, scrubbed ...*Change) error {
 	return s.Update(ctx, func(t *Txn) error {
 		for sc, p := range pos {
 			_ = t.b.Set(FeedCursorKey(sc), EncodeFeedPos(p), nil)
 		}
+		for _, c := range scrubbed {
+			op := OpEraseNode
+			if c.V.Kind == KindEdge {
+				op = OpEraseEdge
+			}
+			_ = t.b.Set(c.EraseKey, encodeFeedErase(&feedErase{Op: op, Kind: c.V.Kind, ID: c.V.ID, Tx: c.V.Tx.Start,
+				RequestID: c.V.Prov.RequestID, Versions: c.VersionsErased, Scrubbed: true}), nil)
+		}
+		// After the marks: a row published in the same save is gone.
 		for _, k := range erased {
 			_ = t.b.Delete(k, nil)
 		}
@@ -465,20 +517,25 @@ func (s *Store) FeedBehind(ctx context.Context, sc Scope) (bool, error) {
 	return behind, err
 }
 
-// FeedErasePending reports whether the erase of requestID still waits to
-// be published on the tenant's change feed (its row is deleted when it
-// is): its result waits for it (reaper.Config.WaitFeed).
+// FeedErasePending reports whether the erase of requestID still waits for
+// the change feed: its row is there and not marked scrubbed (the erased
+// puts have not all left the feed yet). Its result waits for it
+// (reaper.Config.WaitFeed).
 func (s *Store) FeedErasePending(sc Scope, requestID string) (bool, error) {
 	id := uuid.NewSHA1(uuid.NameSpaceOID, []byte(requestID))
 	lo, hi := JobsInState(sc, FeedEraseState)
 	found := false
-	err := scan(s.eng, lo, hi, func(k, _ []byte) error {
+	err := scan(s.eng, lo, hi, func(k, v []byte) error {
 		key, err := DecodeKey(k)
 		if err != nil {
 			return err
 		}
 		if key.JobID == id {
-			found = true
+			f, err := decodeFeedErase(v)
+			if err != nil {
+				return err
+			}
+			found = !f.Scrubbed
 		}
 		return nil
 	})

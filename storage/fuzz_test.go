@@ -170,7 +170,9 @@ func FuzzDecodeFeedPos(f *testing.F) {
 
 func FuzzDecodeFeedErase(f *testing.F) {
 	f.Add(encodeFeedErase(&feedErase{Op: OpEraseNode, Kind: KindNode, ID: uuid.New(), Tx: 9, RequestID: "r-1", Versions: 4}))
+	f.Add(encodeFeedErase(&feedErase{Op: OpEraseEdge, Kind: KindEdge, ID: uuid.New(), Tx: 12, RequestID: "r-2", Versions: 1, Scrubbed: true}))
 	f.Add([]byte{1, 0, 3})
+	f.Add([]byte{3, 0, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := decodeFeedErase(b)
 		if err != nil {
