@@ -147,6 +147,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 	// a slot that takes seconds to start do not flood its member.
 	pause := 50 * time.Millisecond
 	for {
+		asked := false // this round's hedge asked the standbys already
 		if a := m.localOwner(s); a != nil {
 			if a.ServeHosted(w, r) {
 				return
@@ -172,7 +173,8 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 			writeJSONError(w, http.StatusServiceUnavailable, why)
 			return
 		} else if url, route := m.ownerRoute(s); url != "" {
-			if m.forwardToOwner(w, r, s, url, route, arrived) {
+			var answered bool
+			if answered, asked = m.forwardToOwner(w, r, s, url, route, arrived); answered {
 				return
 			}
 		}
@@ -180,7 +182,7 @@ func (m *memberRun) tenantRead(w http.ResponseWriter, r *http.Request) {
 		// answers at once, at its applied position (a forwarded read only
 		// this member's: it is never forwarded again).
 		if m.localOwner(s) == nil {
-			if forwarded && m.standbyRead(w, r, s, arrived) || !forwarded && m.standbyAnswer(w, r, s, arrived) {
+			if forwarded && m.standbyRead(w, r, s, arrived) || !forwarded && !asked && m.standbyAnswer(w, r, s, arrived) {
 				return
 			}
 		}
@@ -242,8 +244,10 @@ const standbyForwardTimeout = 3 * time.Second
 // again; once it has begun, it is relayed whole. A read a standby may
 // answer (an entity read without wait: one with wait may wait at the
 // owner for its tx) whose owner has not begun to answer within hedgeAfter
-// is asked of a standby too, and the first answer is the read's.
-func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int, base string, route context.Context, arrived time.Time) bool {
+// is asked of a standby too, and the first answer is the read's;
+// askedStandbys says so (the caller, routing again, does not ask them a
+// second time in the same round).
+func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int, base string, route context.Context, arrived time.Time) (answered, askedStandbys bool) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	unroute := context.AfterFunc(route, cancel)
@@ -259,7 +263,7 @@ func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int
 	}
 	if !standbyAnswers(r) || r.URL.Query().Has("wait") || (m.localStandby(s) == nil && len(m.standbyURLs(s)) == 0) {
 		resp, err := send()
-		return m.relay(w, resp, err, passAll)
+		return m.relay(w, resp, err, passAll), false
 	}
 	type sent struct {
 		resp *http.Response
@@ -274,7 +278,7 @@ func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int
 	defer timer.Stop()
 	select {
 	case res := <-owner:
-		return m.relay(w, res.resp, res.err, passAll)
+		return m.relay(w, res.resp, res.err, passAll), false
 	case <-timer.C:
 	}
 	// The owner is slow: a standby is asked beside it, into memory.
@@ -304,7 +308,7 @@ func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int
 				} else {
 					m.proms.SlowOwner(metrics.SlowOwnerNone)
 				}
-				return answered
+				return answered, true
 			}
 			owner = nil // the owner failed: the standby's answer decides
 		case ok := <-standby:
@@ -319,12 +323,12 @@ func (m *memberRun) forwardToOwner(w http.ResponseWriter, r *http.Request, s int
 				}
 				m.proms.SlowOwner(metrics.SlowOwnerStandby)
 				buf.writeTo(w)
-				return true
+				return true, true
 			}
 			standby = nil
 			if owner == nil {
 				m.proms.SlowOwner(metrics.SlowOwnerNone)
-				return false
+				return false, true
 			}
 		}
 	}
