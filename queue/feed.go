@@ -286,12 +286,8 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				// A future's answer is received once: these are stored.
 				ft.stored += len(ft.futs)
 				ft.futs = ft.futs[:0]
-				n, secure, err := p.scrubFeed(ctx, sc, c)
-				if err != nil {
-					return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
-				}
-				if n > 0 {
-					p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
+				if err := p.scrubErase(ctx, sc, c); err != nil {
+					return err
 				}
 			}
 			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
@@ -455,12 +451,8 @@ func (p *FeedPublisher) scrubAhead(ctx context.Context, sc storage.Scope) error 
 			continue // scrubbed, its mark not saved yet
 		}
 		if !p.cfg.ChangeFeedNoProps {
-			n, secure, err := p.scrubFeed(ctx, sc, c)
-			if err != nil {
-				return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
-			}
-			if n > 0 {
-				p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
+			if err := p.scrubErase(ctx, sc, c); err != nil {
+				return err
 			}
 		}
 		p.scrubbed = append(p.scrubbed, c)
@@ -503,6 +495,19 @@ func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	return nil
+}
+
+// scrubErase deletes from the feed the puts that carried what the erase c
+// erased (scrubFeed), and logs what it deleted.
+func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *storage.Change) error {
+	n, secure, err := p.scrubFeed(ctx, sc, c)
+	if err != nil {
+		return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
+	}
+	if n > 0 {
+		p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
 	}
 	return nil
 }
