@@ -341,6 +341,45 @@ func (c *Changelog) landed(ctx context.Context, seq uint64, id string) (bool, er
 	return msg.Header.Get(jetstream.MsgIDHeader) == id, nil
 }
 
+// Owned reports whether this writer still owns the partition: nil when no
+// other writer has appended since this one's last append, an error
+// wrapping ErrFenced when one has, any other error when the stream cannot
+// say (the caller asks again later). The stream's leader answers its last
+// sequence; a message past this writer's last is read by its sequence (a
+// message at a sequence never changes, so a replica's answer cannot be
+// stale): this writer's own append whose ack is still on its way, or
+// another writer's.
+//
+// The answer holds when the stream gave it: a caller that acts on it
+// afterwards (the change feed, publishing from this writer's copy)
+// narrows a zombie's window to that gap, it does not close it. Only
+// Append is fenced by the stream itself.
+func (c *Changelog) Owned(ctx context.Context) error {
+	ctx, cancel := c.apiContext(ctx)
+	defer cancel()
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	last, mine := info.State.LastSeq, c.Last()
+	switch {
+	case last == mine:
+		return nil
+	case last < mine:
+		return fmt.Errorf("%w: partition %d: the changelog ends at %d, before this writer's last append %d",
+			ErrFenced, c.cfg.Partition, last, mine)
+	}
+	msg, err := c.stream.GetMsg(ctx, last)
+	if err != nil {
+		return fmt.Errorf("partition %d: read the changelog's last message %d: %w", c.cfg.Partition, last, err)
+	}
+	if id := msg.Header.Get(jetstream.MsgIDHeader); !strings.HasSuffix(id, "."+c.writer) {
+		return fmt.Errorf("%w: partition %d: the changelog's last message (sequence %d, id %q) is another writer's",
+			ErrFenced, c.cfg.Partition, last, id)
+	}
+	return nil
+}
+
 // IsWrongLastSequence reports whether err is JetStream's refusal of an
 // expected last sequence (10071, or 10164 from some clustered paths),
 // matched by error code, not by text.

@@ -88,8 +88,19 @@ func TestZombieWriterIsFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Owned(ctx); err != nil {
+		t.Fatalf("Owned before any other writer appended: %v", err)
+	}
 	if _, err := b.Append(ctx, batchRepr(t, "b1")); err != nil {
 		t.Fatal(err)
+	}
+	// Owned tells the zombie before its next append does (the change feed
+	// asks it before publishing from its copy).
+	if err := b.Owned(ctx); err != nil {
+		t.Fatalf("Owned of the last writer: %v", err)
+	}
+	if err := a.Owned(ctx); !errors.Is(err, ErrFenced) {
+		t.Fatalf("Owned of the zombie: %v, want ErrFenced", err)
 	}
 	if _, err := a.Append(ctx, batchRepr(t, "a1")); !errors.Is(err, ErrFenced) {
 		t.Fatalf("zombie append: %v, want ErrFenced", err)

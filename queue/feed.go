@@ -80,6 +80,10 @@ func ChangesStreamConfig(c Config) jetstream.StreamConfig {
 	}
 }
 
+// ErrNotOwned: a feed round published nothing because FeedHooks.Owned
+// said this copy may no longer be the slot's.
+var ErrNotOwned = errors.New("change feed: this copy may no longer be the slot's; nothing published")
+
 // FeedHooks observe the publisher (metrics). Nil fields are skipped.
 type FeedHooks struct {
 	// Published: n changes stored (their cursors saved).
@@ -93,6 +97,14 @@ type FeedHooks struct {
 	// Lag: after each round, how far behind the feed is: the age of the
 	// oldest change not yet stored (0 when every tenant caught up).
 	Lag func(time.Duration)
+	// Owned, when set, is asked once per round before its first publish:
+	// is this copy still the slot's? An error fails the round with nothing
+	// published (the cursors stay). A slot with a changelog asks its
+	// stream (partition.Changelog.Owned), so that an owner whose slot
+	// moved while it was paused or cut off from NATS does not publish
+	// from its stale copy (a put whose props the new owner's erase already
+	// deleted from the feed) until its next append is fenced.
+	Owned func(context.Context) error
 }
 
 // FeedPublisher publishes one store's change feed.
@@ -250,6 +262,18 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var ts []*feedTenant
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
+	// owned: asked once, before the round's first publish (hooks.Owned).
+	var owned error
+	asked := p.hooks.Owned == nil
+	own := func() error {
+		if !asked {
+			asked = true
+			if err := p.hooks.Owned(ctx); err != nil {
+				owned = fmt.Errorf("%w: %w", ErrNotOwned, err)
+			}
+		}
+		return owned
+	}
 	for _, sc := range p.st.Tenants() {
 		// Nothing new: no write since its last read, which no journal
 		// held back.
@@ -289,6 +313,9 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				if err := p.scrubErase(ctx, sc, c); err != nil {
 					return err
 				}
+			}
+			if err := own(); err != nil {
+				return err
 			}
 			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
 			if err != nil {

@@ -887,6 +887,21 @@ func (c *Changelog) waitStandbys(ctx context.Context, seq uint64) {
 // Log is the changelog stream the slot appends to (or a standby tails).
 func (c *Changelog) Log() *partition.Changelog { return c.cl }
 
+// feedOwned is the change feed's ownership check (queue.FeedHooks.Owned):
+// the changelog's last message must be this writer's. A fenced answer
+// stops st as a fenced append would (the slot ends, its host decides
+// whether to start it again), rather than leave a zombie whose feed skips
+// rounds until a request of its own reaches the changelog.
+func (c *Changelog) feedOwned(st *storage.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		err := c.cl.Owned(ctx)
+		if errors.Is(err, partition.ErrFenced) {
+			st.Stop(fmt.Errorf("%w: the change feed found another writer on the changelog: %w", storage.ErrStorage, err))
+		}
+		return err
+	}
+}
+
 // Status is what the changelog knows of its start and checkpoints.
 func (c *Changelog) Status() ChangelogStatus {
 	c.mu.Lock()

@@ -104,3 +104,57 @@ func (quietPebble) Errorf(string, ...any) {}
 func (quietPebble) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
+
+// TestTheFeedOfAFencedOwnerStopsItsStore: the change feed's ownership
+// check (feedOwned) answers nil while this slot's writer is the
+// changelog's last, and once another writer has appended it answers
+// ErrFenced and stops the store as a fenced append would (Fatal closes,
+// the slot ends), instead of leaving a zombie whose feed retries until a
+// request reaches its changelog.
+func TestTheFeedOfAFencedOwnerStopsItsStore(t *testing.T) {
+	ns := testnats.Start(t)
+	nc := testnats.Connect(t, ns.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := Config{DataDir: t.TempDir(), Partitions: 1, Owner: queue.Owner{Index: 0, Count: 1}, Changelog: "jetstream", StreamReplicas: 1}
+	c, err := OpenChangelog(ctx, nc, cfg, slog.New(slog.DiscardHandler), nil, func(string) {})
+	if err != nil || c == nil {
+		t.Fatalf("open the changelog: %v", err)
+	}
+	dir := filepath.Join(cfg.DataDir, "pebble")
+	pe, err := c.prepare(ctx, dir, storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := storage.OpenStoreOn(pe, dir, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	owned := c.feedOwned(st)
+	if err := owned(ctx); err != nil || st.FatalErr() != nil {
+		t.Fatalf("the owner's check: %v (store: %v), want nil", err, st.FatalErr())
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := partition.Open(ctx, js, cfg.ChangelogConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Append(ctx, writeSet(t, "next", "v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := owned(ctx); !errors.Is(err, partition.ErrFenced) {
+		t.Fatalf("the check after another writer's append: %v, want ErrFenced", err)
+	}
+	select {
+	case <-st.Fatal():
+	default:
+		t.Fatal("the fenced check left the store open for commits")
+	}
+	if err := st.FatalErr(); !errors.Is(err, storage.ErrFatal) || !errors.Is(err, partition.ErrFenced) {
+		t.Fatalf("the store's fatal error: %v, want ErrFatal wrapping ErrFenced", err)
+	}
+}

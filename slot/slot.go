@@ -510,7 +510,11 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
 	defer func() { stopBG(); bg.Wait() }()
 	if !qcfg.ChangeFeedOff {
-		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox, Lag: a.metrics.ChangeFeedLagged})
+		hooks := queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox, Lag: a.metrics.ChangeFeedLagged}
+		if a.changelog != nil {
+			hooks.Owned = a.changelog.feedOwned(st)
+		}
+		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, hooks)
 		if err != nil {
 			return err
 		}

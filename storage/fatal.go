@@ -58,3 +58,15 @@ func (s *Store) FatalErr() error {
 		return nil
 	}
 }
+
+// Stop records err, wrapped in ErrFatal, as the store's fatal error (if it
+// is the first): Fatal closes and every later commit is refused, as after
+// a fenced Append. It is for a part of the slot outside the store that
+// learns the store's copy is no longer the partition's (the change feed,
+// asking its changelog before it publishes).
+func (s *Store) Stop(err error) {
+	if !errors.Is(err, ErrFatal) {
+		err = fmt.Errorf("%w: %w", ErrFatal, err)
+	}
+	_ = s.stop(err)
+}
