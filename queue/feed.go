@@ -529,12 +529,12 @@ func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
 // scrubErase deletes from the feed the puts that carried what the erase c
 // erased (scrubFeed), and logs what it deleted.
 func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *storage.Change) error {
-	n, secure, err := p.scrubFeed(ctx, sc, c)
+	n, overwritten, err := p.scrubFeed(ctx, sc, c)
 	if err != nil {
 		return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
 	}
 	if n > 0 {
-		p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", secure)
+		p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", overwritten)
 	}
 	return nil
 }
@@ -543,35 +543,45 @@ func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *sto
 // payload the erase c erased: the entity's own, and for a node its edges'.
 // It reads the headers of the tenant's puts the stream still keeps (an
 // erase costs a read of them: CONTRACT §5, "Change feed"), then deletes
-// the ones found: with JetStream's secure delete (the message's bytes
-// overwritten) when they are at most scrubSecureMax, plainly when more
-// (a hub's edges). It returns how many it deleted and whether securely.
-func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (int, bool, error) {
+// the ones found: the first scrubSecureMax with JetStream's secure delete
+// (the message's bytes overwritten), the entity's own puts first, then its
+// edges'; the rest (a hub's edges) plainly. It returns how many it deleted
+// and how many of those it overwrote.
+func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (deleted, overwritten int, err error) {
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, err
 	}
-	seqs, err := erasedPuts(ctx, stream, p.cfg.Prefix, sc, c)
+	own, edges, err := erasedPuts(ctx, stream, p.cfg.Prefix, sc, c)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, err
 	}
-	secure := len(seqs) <= scrubSecureMax
-	return len(seqs), secure, deleteAll(ctx, stream, seqs, secure)
+	seqs := append(own, edges...)
+	overwritten = min(len(seqs), scrubSecureMax)
+	if err := deleteAll(ctx, stream, seqs[:overwritten], true); err != nil {
+		return 0, 0, err
+	}
+	if err := deleteAll(ctx, stream, seqs[overwritten:], false); err != nil {
+		return 0, 0, err
+	}
+	return len(seqs), overwritten, nil
 }
 
 // scrubSecureMax: the most puts an erase's scrub deletes with a secure
-// delete. The server overwrites a message by rewriting its whole block
-// file (up to 16 MB), once per message; a hub's thousands of edges would
-// take minutes. Beyond it the puts are deleted plainly: gone from every
-// read at once, their bytes left in the block until the server compacts
-// it (more than half of it deleted) or retention removes it
-// (--change-feed-max-age) (docs/RELIABILITY.md, (f2)).
+// delete (the entity's own first). The server overwrites a message by
+// rewriting its whole block file (up to 16 MB), once per message; a hub's
+// thousands of edges would take minutes. Beyond it the puts are deleted
+// plainly: gone from every read at once, their bytes left in the block
+// until the server compacts it (more than half of it deleted) or
+// retention removes it (--change-feed-max-age) (docs/RELIABILITY.md,
+// (f2)).
 const scrubSecureMax = 64
 
 // erasedPuts returns the stream sequences of the tenant's puts that
 // carried what the erase c erased, reading the headers of the tenant's
-// puts the stream keeps.
-func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc storage.Scope, c *storage.Change) ([]uint64, error) {
+// puts the stream keeps: own, the erased entity's; edges, for a node's
+// erase, its edges'.
+func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc storage.Scope, c *storage.Change) (own, edges []uint64, err error) {
 	id := c.V.ID.String()
 	filters := []string{client.ChangeSubject(prefix, sc.Tenant(), client.KindEdge, client.ChangePut)}
 	if c.V.Kind == storage.KindNode {
@@ -583,22 +593,21 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 	}
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(pattern))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	total := uint64(0)
 	for _, n := range info.State.Subjects {
 		total += n
 	}
 	if total == 0 { // none of the tenant's puts is kept
-		return nil, nil
+		return nil, nil, nil
 	}
 	// Headers only: the message id names the entity, an edge's headers its
 	// endpoints; the bodies (props and all) stay on the server.
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters, HeadersOnly: true})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var seqs []uint64
 	seen := uint64(0)
 	for wait := false; ; {
 		var batch jetstream.MessageBatch
@@ -608,31 +617,33 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			batch, err = cons.FetchNoWait(512)
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		got, last := 0, uint64(1)
 		for m := range batch.Messages() {
 			got++
 			md, err := m.Metadata()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			last = md.NumPending
 			h := m.Headers()
-			if changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id ||
-				(c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id)) {
-				seqs = append(seqs, md.Sequence.Stream)
+			switch {
+			case changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id:
+				own = append(own, md.Sequence.Stream)
+			case c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id):
+				edges = append(edges, md.Sequence.Stream)
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, err
+			return nil, nil, err
 		}
 		seen += uint64(got)
 		switch {
 		case got > 0 && last == 0, seen >= total:
-			return seqs, nil
+			return own, edges, nil
 		case got == 0 && wait:
-			return nil, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
+			return nil, nil, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
 		}
 		wait = got == 0
 	}
@@ -670,7 +681,7 @@ func deleteAll(ctx context.Context, stream jetstream.Stream, seqs []uint64, secu
 			}
 			if err := del(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				mu.Lock()
-				errs = errors.Join(errs, fmt.Errorf("secure delete of message %d: %w", seq, err))
+				errs = errors.Join(errs, fmt.Errorf("delete of message %d (secure: %t): %w", seq, secure, err))
 				mu.Unlock()
 			}
 		}()

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
+	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/storage"
 )
@@ -25,6 +26,8 @@ type scrubFixture struct {
 	t, ta, bt, ab    uuid.UUID
 	puts             int // the tenant's puts on the feed
 	putSubjectFilter string
+	marker           string // in t's props only
+	storeDir         string // the NATS server's
 }
 
 func newScrubFixture(tb testing.TB, others, propsBytes, hub int) *scrubFixture {
@@ -39,7 +42,7 @@ func newScrubFixture(tb testing.TB, others, propsBytes, hub int) *scrubFixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	f := &scrubFixture{sc: storage.MustScope("acme"), t: uuid.New(), ta: uuid.New(), bt: uuid.New(), ab: uuid.New(),
-		putSubjectFilter: "telha.chg.acme.*.put"}
+		putSubjectFilter: "telha.chg.acme.*.put", marker: diskscan.Marker("tprops"), storeDir: ns.Opts.StoreDir}
 	ops := cascade.New(st, cascade.Options{})
 	props := []byte(`{"blob":"` + strings.Repeat("x", propsBytes) + `"}`)
 	var reqs []cascade.Request
@@ -48,7 +51,11 @@ func newScrubFixture(tb testing.TB, others, propsBytes, hub int) *scrubFixture {
 	}
 	a, b := uuid.New(), uuid.New()
 	for i, id := range []uuid.UUID{f.t, f.t, a, b} {
-		reqs = append(reqs, cascade.Request{Scope: f.sc, Op: storage.OpPutNode, ID: id, ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: props, Prov: storage.Provenance{RequestID: fmt.Sprint("n", i)}})
+		pr := props
+		if id == f.t {
+			pr = []byte(`{"secret":"` + f.marker + `","n":` + fmt.Sprint(i) + `}`)
+		}
+		reqs = append(reqs, cascade.Request{Scope: f.sc, Op: storage.OpPutNode, ID: id, ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: pr, Prov: storage.Provenance{RequestID: fmt.Sprint("n", i)}})
 	}
 	for i, e := range [][3]uuid.UUID{{f.ta, f.t, a}, {f.bt, b, f.t}, {f.ab, a, b}} {
 		reqs = append(reqs, cascade.Request{Scope: f.sc, Op: storage.OpPutEdge, ID: e[0], Src: e[1], Dst: e[2], Label: "knows", ValidFrom: storage.NoTs, ValidTo: storage.NoTs, Props: props,
@@ -118,8 +125,8 @@ func eraseOf(kind storage.Kind, id uuid.UUID) *storage.Change {
 func TestScrubFeedDeletesTheErasedPutsOnly(t *testing.T) {
 	f := newScrubFixture(t, 50, 100, 0)
 	ctx := context.Background()
-	if n, secure, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 4 || !secure {
-		t.Fatalf("erase of the node: %d puts deleted (overwritten %v, %v), want its 2 and its 2 edges', overwritten", n, secure, err)
+	if n, overwritten, err := f.p.scrubFeed(ctx, f.sc, eraseOf(storage.KindNode, f.t)); err != nil || n != 4 || overwritten != 4 {
+		t.Fatalf("erase of the node: %d puts deleted (%d overwritten, %v), want its 2 and its 2 edges', overwritten", n, overwritten, err)
 	}
 	if got, want := f.kept(t), f.puts-4; got != want {
 		t.Fatalf("%d puts kept, want %d", got, want)
@@ -137,15 +144,24 @@ func TestScrubFeedDeletesTheErasedPutsOnly(t *testing.T) {
 
 // A hub's erase deletes its edges' puts too, beyond scrubSecureMax
 // plainly (an overwrite rewrites a whole block of the stream per
-// message): every one is gone from the stream all the same.
+// message): every one is gone from the stream all the same, and the
+// node's own puts are among those overwritten: its props are in no file
+// of the server. Before, a hub's puts were all deleted plainly, its own
+// with them, and the node's props stayed in the stream's block file.
 func TestScrubFeedOfAHubDeletesPlainly(t *testing.T) {
 	f := newScrubFixture(t, 10, 100, scrubSecureMax)
-	n, secure, err := f.p.scrubFeed(context.Background(), f.sc, eraseOf(storage.KindNode, f.t))
-	if want := 2 + 2 + scrubSecureMax; err != nil || n != want || secure {
-		t.Fatalf("erase of the hub: %d puts deleted (overwritten %v, %v), want %d, not overwritten", n, secure, err, want)
+	if files, err := diskscan.FilesContaining(f.storeDir, f.marker); err != nil || len(files) == 0 {
+		t.Fatalf("the node's props are in no server file before its erase (%v): the scan is wrong", err)
+	}
+	n, overwritten, err := f.p.scrubFeed(context.Background(), f.sc, eraseOf(storage.KindNode, f.t))
+	if want := 2 + 2 + scrubSecureMax; err != nil || n != want || overwritten != scrubSecureMax {
+		t.Fatalf("erase of the hub: %d puts deleted (%d overwritten, %v), want %d, %d overwritten", n, overwritten, err, want, scrubSecureMax)
 	}
 	if got, want := f.kept(t), f.puts-n; got != want {
 		t.Fatalf("%d puts kept, want %d", got, want)
+	}
+	if files, err := diskscan.FilesContaining(f.storeDir, f.marker); err != nil || len(files) > 0 {
+		t.Fatalf("the hub's own props are still in %v (%v)", files, err)
 	}
 }
 
