@@ -46,6 +46,17 @@ type PebbleEngine struct {
 	// fatal receives Pebble's fatal errors (OpenPebble's onFatal, or the
 	// store's once one opens on the engine: OpenStoreOn).
 	fatal *atomic.Pointer[func(string)]
+	// log receives Pebble's lines (OpenPebble's log, or the store's once
+	// one opens on the engine: a standby's copy promoted in place logs as
+	// the owner it became, not as the standby that opened it).
+	log *atomic.Pointer[slog.Logger]
+}
+
+// setLog routes Pebble's lines to l from now on (nil: kept as it is).
+func (e *PebbleEngine) setLog(l *slog.Logger) {
+	if l != nil {
+		e.log.Store(l)
+	}
 }
 
 // setFatal routes Pebble's fatal errors to f from now on.
@@ -171,8 +182,13 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 	if onFatal != nil {
 		fatal.Store(&onFatal)
 	}
+	logp := &atomic.Pointer[slog.Logger]{}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	logp.Store(log)
 	opts := &pebble.Options{
-		Logger: pebbleLogger{log: log, fatal: func(msg string) {
+		Logger: pebbleLogger{log: logp, fatal: func(msg string) {
 			if f := fatal.Load(); f != nil {
 				(*f)(msg)
 			}
@@ -183,14 +199,10 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 				stalls.count++
 				stalls.started = time.Now()
 				stalls.mu.Unlock()
-				if log != nil {
-					log.Warn("pebble write stall", "reason", info.Reason)
-				}
+				logp.Load().Warn("pebble write stall", "reason", info.Reason)
 			},
 			BackgroundError: func(err error) {
-				if log != nil {
-					log.Warn("pebble background error (retried)", "err", err)
-				}
+				logp.Load().Warn("pebble background error (retried)", "err", err)
 			},
 			WriteStallEnd: func() {
 				stalls.mu.Lock()
@@ -220,7 +232,7 @@ func OpenPebble(dir string, fs vfs.FS, log *slog.Logger, onFatal func(string), a
 	if err != nil {
 		return nil, fmt.Errorf("%w: open pebble at %s: %w", ErrStorage, dir, err)
 	}
-	return &PebbleEngine{DB: db, stalls: stalls, fatal: fatal}, nil
+	return &PebbleEngine{DB: db, stalls: stalls, fatal: fatal, log: logp}, nil
 }
 
 // Stalls returns the engine's write-stall counter.
@@ -236,20 +248,16 @@ func (e *PebbleEngine) CommitNoSync(b *pebble.Batch) error { return b.Commit(peb
 func (e *PebbleEngine) DiskUsage() uint64 { return e.DB.Metrics().DiskSpaceUsage() }
 
 type pebbleLogger struct {
-	log   *slog.Logger
+	log   *atomic.Pointer[slog.Logger]
 	fatal func(string)
 }
 
 func (l pebbleLogger) Infof(format string, args ...any) {
-	if l.log != nil {
-		l.log.Debug(fmt.Sprintf(format, args...), "component", "pebble")
-	}
+	l.log.Load().Debug(fmt.Sprintf(format, args...), "component", "pebble")
 }
 
 func (l pebbleLogger) Errorf(format string, args ...any) {
-	if l.log != nil {
-		l.log.Error(fmt.Sprintf(format, args...), "component", "pebble")
-	}
+	l.log.Load().Error(fmt.Sprintf(format, args...), "component", "pebble")
 }
 
 // Fatalf is Pebble's "cannot continue" (for example a failed WAL write:
