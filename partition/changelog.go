@@ -357,11 +357,15 @@ func (c *Changelog) landed(ctx context.Context, seq uint64, id string) (bool, er
 func (c *Changelog) Owned(ctx context.Context) error {
 	ctx, cancel := c.apiContext(ctx)
 	defer cancel()
+	// This writer's last append, read before the stream's: an append
+	// acknowledged after this read is in the stream's answer, above it
+	// (read after, it could be above an answer that predates it).
+	mine := c.Last()
 	info, err := c.stream.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
 	}
-	last, mine := info.State.LastSeq, c.Last()
+	last := info.State.LastSeq
 	switch {
 	case last == mine:
 		return nil
