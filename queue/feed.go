@@ -53,6 +53,13 @@ const feedSaveEvery = 500 * time.Millisecond
 // more, and a busy slot's commits share rounds.
 const feedMinGap = 20 * time.Millisecond
 
+// feedOwnedFor: how long the feed takes FeedHooks.Owned's yes for: at
+// most four requests a second to the changelog's leader, not one per
+// round (every 20 ms under load, beside the writer's appends). A zombie
+// is not helped by it: its pause (SIGSTOP, a cut-off link) runs on the
+// monotonic clock, so the first round after it asks again.
+const feedOwnedFor = 250 * time.Millisecond
+
 // feedAckWait bounds the wait for one change's ack. A publish the server
 // never answers (the stream's leader was lost with it in flight, or a
 // server that took it died) would otherwise hold its round, and the
@@ -97,9 +104,12 @@ type FeedHooks struct {
 	// Lag: after each round, how far behind the feed is: the age of the
 	// oldest change not yet stored (0 when every tenant caught up).
 	Lag func(time.Duration)
-	// Owned, when set, is asked once per round before its first publish:
-	// is this copy still the slot's? An error fails the round with nothing
-	// published (the cursors stay). A slot with a changelog asks its
+	// Owned, when set, is asked before a round's first publish: is this
+	// copy still the slot's? An error fails the round with nothing
+	// published (the cursors stay). A yes is taken for feedOwnedFor: the
+	// rounds within it do not ask again (a pause of the process lasts
+	// longer than that on the monotonic clock, so a zombie that resumes
+	// asks first). A slot with a changelog asks its
 	// stream (partition.Changelog.Owned), so that an owner whose slot
 	// moved while it was paused or cut off from NATS does not publish
 	// from its stale copy (a put whose props the new owner's erase already
@@ -131,6 +141,7 @@ type FeedPublisher struct {
 	saveEvery    time.Duration
 	read         map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
 	lastN        int                        // changes stored by the last round
+	ownedAt      time.Time                  // hooks.Owned's last yes
 	rate         int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
@@ -262,14 +273,17 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var ts []*feedTenant
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
-	// owned: asked once, before the round's first publish (hooks.Owned).
+	// owned: asked once, before the round's first publish (hooks.Owned),
+	// unless it answered yes within feedOwnedFor.
 	var owned error
-	asked := p.hooks.Owned == nil
+	asked := p.hooks.Owned == nil || time.Since(p.ownedAt) < feedOwnedFor
 	own := func() error {
 		if !asked {
 			asked = true
 			if err := p.hooks.Owned(ctx); err != nil {
 				owned = fmt.Errorf("%w: %w", ErrNotOwned, err)
+			} else {
+				p.ownedAt = time.Now()
 			}
 		}
 		return owned

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,7 +84,14 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 		t.Fatalf("the fenced copy's cursor moved: %+v (%v)", pos, err)
 	}
 
-	p, err = NewFeedPublisher(nc, openStore(), cfg, nil, FeedHooks{Owned: owner.Owned})
+	current := openStore()
+	var fenced atomic.Bool
+	p, err = NewFeedPublisher(nc, current, cfg, nil, FeedHooks{Owned: func(ctx context.Context) error {
+		if fenced.Load() {
+			return zombie.Owned(ctx)
+		}
+		return owner.Owned(ctx)
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,5 +100,20 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 	}
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
 		t.Fatalf("the current writer's copy: the feed holds %+v (%v), want its one put", info.State, err)
+	}
+	// The same copy fenced in turn: once the last yes is feedOwnedFor old
+	// (a pause runs on the monotonic clock), the next round asks again and
+	// publishes nothing.
+	if _, err := cascade.New(current, cascade.Options{}).PutNode(ctx, storage.MustScope("acme"), storage.NodeWrite{ID: uuid.New(), ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
+		Props: []byte(`{"n":2}`), Prov: storage.Provenance{RequestID: "r2"}}); err != nil {
+		t.Fatal(err)
+	}
+	fenced.Store(true)
+	p.ownedAt = p.ownedAt.Add(-feedOwnedFor)
+	if _, err := p.Round(ctx); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("round after the copy was fenced and its last yes aged: %v, want ErrNotOwned", err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the copy fenced in turn published: the feed holds %+v (%v)", info.State, err)
 	}
 }
