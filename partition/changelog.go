@@ -344,11 +344,18 @@ func (c *Changelog) landed(ctx context.Context, seq uint64, id string) (bool, er
 // Owned reports whether this writer still owns the partition: nil when no
 // other writer has appended since this one's last append, an error
 // wrapping ErrFenced when one has, any other error when the stream cannot
-// say (the caller asks again later). The stream's leader answers its last
-// sequence; a message past this writer's last is read by its sequence (a
-// message at a sequence never changes, so a replica's answer cannot be
-// stale): this writer's own append whose ack is still on its way, or
-// another writer's.
+// say now (the caller asks again later).
+//
+// The stream's last sequence comes from its info. At or below this
+// writer's own last append, it says nothing of another writer: a replica
+// answers the info while the group has no leader, with what it applied,
+// so an answer below this writer's acknowledged append is stale, not a
+// fence, and one from a leaderless group is not trusted either way. Above
+// it, the sequence is this writer's own append whose ack was on its way
+// (its appends are contiguous: Last, read again, covers it) or another
+// writer's; the message is then read by its sequence (a message at a
+// sequence never changes, so whichever replica answers, it cannot answer
+// another message) and its id says whose it is.
 //
 // The answer holds when the stream gave it: a caller that acts on it
 // afterwards (the change feed, publishing from this writer's copy)
@@ -365,16 +372,27 @@ func (c *Changelog) Owned(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
 	}
+	if info.Cluster != nil && info.Cluster.Leader == "" {
+		return fmt.Errorf("partition %d: the changelog's group has no leader: ownership unknown", c.cfg.Partition)
+	}
 	last := info.State.LastSeq
 	switch {
 	case last == mine:
 		return nil
 	case last < mine:
-		return fmt.Errorf("%w: partition %d: the changelog ends at %d, before this writer's last append %d",
-			ErrFenced, c.cfg.Partition, last, mine)
+		return fmt.Errorf("partition %d: the changelog's info ends at %d, before this writer's acknowledged append %d (a stale answer): ownership unknown",
+			c.cfg.Partition, last, mine)
+	case c.Last() >= last:
+		return nil // this writer's own append, acknowledged since
 	}
 	msg, err := c.stream.GetMsg(ctx, last)
 	if err != nil {
+		// Most often this writer's own append, acknowledged by the leader
+		// and not applied yet by the replica that answered: its ack is on
+		// its way.
+		if c.ackedWithin(ctx, last, ownAckWait) {
+			return nil
+		}
 		return fmt.Errorf("partition %d: read the changelog's last message %d: %w", c.cfg.Partition, last, err)
 	}
 	if id := msg.Header.Get(jetstream.MsgIDHeader); !strings.HasSuffix(id, "."+c.writer) {
@@ -382,6 +400,28 @@ func (c *Changelog) Owned(ctx context.Context) error {
 			ErrFenced, c.cfg.Partition, last, id)
 	}
 	return nil
+}
+
+// ownAckWait bounds how long Owned waits for this writer's own ack of a
+// message it could not read.
+const ownAckWait = 200 * time.Millisecond
+
+// ackedWithin reports whether this writer's appends reach seq within d.
+func (c *Changelog) ackedWithin(ctx context.Context, seq uint64, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for c.Last() < seq {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return c.Last() >= seq
+		case <-tick.C:
+		}
+	}
+	return true
 }
 
 // IsWrongLastSequence reports whether err is JetStream's refusal of an

@@ -104,12 +104,12 @@ type FeedHooks struct {
 	// Lag: after each round, how far behind the feed is: the age of the
 	// oldest change not yet stored (0 when every tenant caught up).
 	Lag func(time.Duration)
-	// Owned, when set, is asked before a round's first publish: is this
-	// copy still the slot's? An error fails the round with nothing
-	// published (the cursors stay). A yes is taken for feedOwnedFor: the
-	// rounds within it do not ask again (a pause of the process lasts
-	// longer than that on the monotonic clock, so a zombie that resumes
-	// asks first). A slot with a changelog asks its
+	// Owned, when set, is asked before the feed publishes or deletes
+	// anything: is this copy still the slot's? An error fails the round
+	// with nothing more published (the cursors stay). A yes is taken for
+	// feedOwnedFor from when it was asked, checked at every publish (a
+	// pause of the process lasts longer than that on the monotonic clock,
+	// so a zombie that resumes asks first). A slot with a changelog asks its
 	// stream (partition.Changelog.Owned), so that an owner whose slot
 	// moved while it was paused or cut off from NATS does not publish
 	// from its stale copy (a put whose props the new owner's erase already
@@ -141,7 +141,8 @@ type FeedPublisher struct {
 	saveEvery    time.Duration
 	read         map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
 	lastN        int                        // changes stored by the last round
-	ownedAt      time.Time                  // hooks.Owned's last yes
+	ownedAt      time.Time                  // when hooks.Owned's last yes was asked
+	notOwned     error                      // hooks.Owned's no, for the rest of the round
 	rate         int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
@@ -273,21 +274,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var ts []*feedTenant
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
-	// owned: asked once, before the round's first publish (hooks.Owned),
-	// unless it answered yes within feedOwnedFor.
-	var owned error
-	asked := p.hooks.Owned == nil || time.Since(p.ownedAt) < feedOwnedFor
-	own := func() error {
-		if !asked {
-			asked = true
-			if err := p.hooks.Owned(ctx); err != nil {
-				owned = fmt.Errorf("%w: %w", ErrNotOwned, err)
-			} else {
-				p.ownedAt = time.Now()
-			}
-		}
-		return owned
-	}
+	p.notOwned = nil // asked again this round (owned)
 	for _, sc := range p.st.Tenants() {
 		// Nothing new: no write since its last read, which no journal
 		// held back.
@@ -328,7 +315,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 					return err
 				}
 			}
-			if err := own(); err != nil {
+			if err := p.owned(ctx); err != nil {
 				return err
 			}
 			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
@@ -540,9 +527,36 @@ func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
 	return nil
 }
 
+// owned is FeedHooks.Owned's answer, asked before every publish and
+// scrub of the feed: a yes is taken for feedOwnedFor from when it was
+// asked; a no stands for the rest of the round (Round resets it).
+func (p *FeedPublisher) owned(ctx context.Context) error {
+	switch {
+	case p.hooks.Owned == nil:
+		return nil
+	case p.notOwned != nil:
+		return p.notOwned
+	case time.Since(p.ownedAt) < feedOwnedFor:
+		return nil
+	}
+	asked := time.Now()
+	if err := p.hooks.Owned(ctx); err != nil {
+		p.notOwned = fmt.Errorf("%w: %w", ErrNotOwned, err)
+		return p.notOwned
+	}
+	p.ownedAt = asked
+	return nil
+}
+
 // scrubErase deletes from the feed the puts that carried what the erase c
 // erased (scrubFeed), and logs what it deleted.
 func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *storage.Change) error {
+	// A copy that is no longer the slot's deletes nothing either: its
+	// erase's scrub, run late, would match puts the new owner published
+	// since for an entity of the same id.
+	if err := p.owned(ctx); err != nil {
+		return err
+	}
 	n, overwritten, err := p.scrubFeed(ctx, sc, c)
 	if err != nil {
 		return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
