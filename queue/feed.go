@@ -274,7 +274,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var ts []*feedTenant
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
-	p.notOwned = nil // asked again this round (owned)
+	p.notOwned = nil // a no stands for one round; the next asks again (owned)
 	for _, sc := range p.st.Tenants() {
 		// Nothing new: no write since its last read, which no journal
 		// held back.

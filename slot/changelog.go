@@ -888,7 +888,8 @@ func (c *Changelog) waitStandbys(ctx context.Context, seq uint64) {
 func (c *Changelog) Log() *partition.Changelog { return c.cl }
 
 // feedOwned is the change feed's ownership check (queue.FeedHooks.Owned):
-// the changelog's last message must be this writer's. A fenced answer
+// no other writer may have appended to the changelog since this slot's
+// writer (partition.Changelog.Owned). A fenced answer
 // stops st as a fenced append would (the slot ends, its host decides
 // whether to start it again), rather than leave a zombie whose feed skips
 // rounds until a request of its own reaches the changelog.

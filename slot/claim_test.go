@@ -28,19 +28,7 @@ import (
 // wins: the start fails fenced after claimAttempts.
 func TestAFencedClaimReadsOnAndClaimsAgain(t *testing.T) {
 	for _, always := range []bool{false, true} {
-		ns := testnats.Start(t)
-		nc := testnats.Connect(t, ns.ClientURL())
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cfg := Config{DataDir: t.TempDir(), Partitions: 1, Owner: queue.Owner{Index: 0, Count: 1}, Changelog: "jetstream", StreamReplicas: 1}
-		c, err := OpenChangelog(ctx, nc, cfg, slog.New(slog.DiscardHandler), nil, func(string) {})
-		if err != nil || c == nil {
-			t.Fatalf("open the changelog: %v", err)
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ctx, cfg, c, js := openTestChangelog(t)
 		previous, err := partition.Open(ctx, js, cfg.ChangelogConfig())
 		if err != nil {
 			t.Fatal(err)
@@ -81,6 +69,26 @@ func TestAFencedClaimReadsOnAndClaimsAgain(t *testing.T) {
 	}
 }
 
+// openTestChangelog opens slot 0's changelog (R1) on an embedded NATS
+// server, not prepared yet; js reaches the same server (another writer).
+func openTestChangelog(t *testing.T) (context.Context, Config, *Changelog, jetstream.JetStream) {
+	t.Helper()
+	ns := testnats.Start(t)
+	nc := testnats.Connect(t, ns.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cfg := Config{DataDir: t.TempDir(), Partitions: 1, Owner: queue.Owner{Index: 0, Count: 1}, Changelog: "jetstream", StreamReplicas: 1}
+	c, err := OpenChangelog(ctx, nc, cfg, slog.New(slog.DiscardHandler), nil, func(string) {})
+	if err != nil || c == nil {
+		t.Fatalf("open the changelog: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, cfg, c, js
+}
+
 // writeSet is a Pebble batch's representation setting key to value.
 func writeSet(t *testing.T, key, value string) []byte {
 	t.Helper()
@@ -112,15 +120,7 @@ func (quietPebble) Fatalf(format string, args ...any) {
 // the slot ends), instead of leaving a zombie whose feed retries until a
 // request reaches its changelog.
 func TestTheFeedOfAFencedOwnerStopsItsStore(t *testing.T) {
-	ns := testnats.Start(t)
-	nc := testnats.Connect(t, ns.ClientURL())
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cfg := Config{DataDir: t.TempDir(), Partitions: 1, Owner: queue.Owner{Index: 0, Count: 1}, Changelog: "jetstream", StreamReplicas: 1}
-	c, err := OpenChangelog(ctx, nc, cfg, slog.New(slog.DiscardHandler), nil, func(string) {})
-	if err != nil || c == nil {
-		t.Fatalf("open the changelog: %v", err)
-	}
+	ctx, cfg, c, js := openTestChangelog(t)
 	dir := filepath.Join(cfg.DataDir, "pebble")
 	pe, err := c.prepare(ctx, dir, storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
 	if err != nil {
@@ -134,10 +134,6 @@ func TestTheFeedOfAFencedOwnerStopsItsStore(t *testing.T) {
 	owned := c.feedOwned(st)
 	if err := owned(ctx); err != nil || st.FatalErr() != nil {
 		t.Fatalf("the owner's check: %v (store: %v), want nil", err, st.FatalErr())
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
 	}
 	next, err := partition.Open(ctx, js, cfg.ChangelogConfig())
 	if err != nil {

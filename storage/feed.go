@@ -71,6 +71,8 @@ type Change struct {
 	// Scrubbed: an erase whose puts have left the feed already (SaveFeed's
 	// scrubbed): its result needs no more, and its publication no scrub.
 	Scrubbed bool
+	// erase: an erase's row as stored, which SaveFeed marks scrubbed.
+	erase feedErase
 }
 
 // FeedPos is a position in a tenant's feed: every change before it has
@@ -451,7 +453,7 @@ func (fr *feedReader) erasesBefore(tx Ts) error {
 
 func eraseChange(key []byte, f *feedErase) Change {
 	return Change{Op: FeedErase, V: Version{Kind: f.Kind, ID: f.ID, Tx: Open(f.Tx), Prov: Provenance{RequestID: f.RequestID}},
-		VersionsErased: f.Versions, EraseKey: key, Scrubbed: f.Scrubbed}
+		VersionsErased: f.Versions, EraseKey: key, Scrubbed: f.Scrubbed, erase: *f}
 }
 
 // FeedErasesToScrub returns the tenant's erases (as their feed changes)
@@ -486,12 +488,9 @@ func (s *Store) SaveFeed(ctx context.Context, pos map[Scope]FeedPos, erased [][]
 			_ = t.b.Set(FeedCursorKey(sc), EncodeFeedPos(p), nil)
 		}
 		for _, c := range scrubbed {
-			op := OpEraseNode
-			if c.V.Kind == KindEdge {
-				op = OpEraseEdge
-			}
-			_ = t.b.Set(c.EraseKey, encodeFeedErase(&feedErase{Op: op, Kind: c.V.Kind, ID: c.V.ID, Tx: c.V.Tx.Start,
-				RequestID: c.V.Prov.RequestID, Versions: c.VersionsErased, Scrubbed: true}), nil)
+			f := c.erase
+			f.Scrubbed = true
+			_ = t.b.Set(c.EraseKey, encodeFeedErase(&f), nil)
 		}
 		// After the marks: a row published in the same save is gone.
 		for _, k := range erased {

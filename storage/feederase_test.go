@@ -77,6 +77,10 @@ func TestFeedEraseScrubbedMark(t *testing.T) {
 		}
 		if c.Scrubbed {
 			marked++
+			// The mark keeps the row as it was written.
+			if c.V.Kind != KindNode || c.VersionsErased != 3 || c.V.Tx.Start != 7 || c.erase.Op != OpEraseNode {
+				t.Fatalf("the marked row reads back as %+v", c)
+			}
 		}
 	}
 	if marked != 1 {

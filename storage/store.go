@@ -142,8 +142,9 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 // OpenPebble: a slot's catch-up, or a standby's copy promoted in place),
 // as OpenStore does after its open: the store takes pe (it closes it when
 // the store closes, or now when the open fails) and receives its fatal
-// errors, and with opts.Logger its log lines, from now on. opts' FS, Pebble and Sizes are the ones pe was
-// opened with; they are not read again.
+// errors, and with opts.Logger its log lines, from now on. opts' FS,
+// Pebble and Sizes are the ones pe was opened with; they are not read
+// again.
 func OpenStoreOn(pe *PebbleEngine, dir string, opts Options) (*Store, error) {
 	fatal := newFatalState()
 	pe.setFatal(fatal.raise)
