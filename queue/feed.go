@@ -37,6 +37,11 @@ import (
 // the server lost while a later one of the same round was stored (a stream
 // leader lost mid-round) would then be stored after it: the publisher
 // counts and logs that case (FeedHooks.Reordered), it does not hide it.
+// Two rules keep that case to a leader lost mid-round: a publish answered
+// "no responders" (no leader) is not retried within the round (nats.go's
+// retries race each other), and the first round after a failed one sends
+// one change and waits for it before the rest (a leader elected while
+// the round is sent would store the later changes only).
 
 // feedBatch bounds one tenant's changes in one round (the worker's memory:
 // a million-edge cascade is published feedBatch at a time).
@@ -263,7 +268,8 @@ type feedTenant struct {
 	sc     storage.Scope
 	pos    storage.FeedPos
 	futs   []jetstream.PubAckFuture // published, their acks not received yet
-	stored int                      // published and acked (before an erase)
+	stored int                      // published and acked (before an erase, or the probe)
+	lost   error                    // a publish of this round failed (settle)
 	erased [][]byte
 }
 
@@ -302,15 +308,13 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		ft := &feedTenant{sc: sc}
 		horizon := p.st.FeedHorizon(sc)
 		ft.read = feedRead{gen: gen, held: horizon < p.st.Committed()}
+		probe := p.unclean[sc]
 		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: horizon, Max: feedBatch}, func(c *storage.Change) error {
 			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps && !c.Scrubbed && !p.scrubbedKeys[string(c.EraseKey)] {
 				// The erased props leave the feed before the erase is on it.
-				if err := awaitAll(ctx, ft.futs); err != nil {
+				if err := ft.settle(ctx); err != nil {
 					return err
 				}
-				// A future's answer is received once: these are stored.
-				ft.stored += len(ft.futs)
-				ft.futs = ft.futs[:0]
 				if err := p.scrubErase(ctx, sc, c); err != nil {
 					return err
 				}
@@ -318,11 +322,25 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 			if err := p.owned(ctx); err != nil {
 				return err
 			}
-			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData))
+			// No retry on "no responders" (the stream has no leader):
+			// nats.go retries each from its own timer, and the retries,
+			// racing, would be stored out of order once a leader is back.
+			// The round fails instead; the next publishes from the cursor.
+			f, err := p.js.PublishMsgAsync(changeMsg(p.cfg, sc, c, p.maxData), jetstream.WithRetryAttempts(0))
 			if err != nil {
 				return err
 			}
 			ft.futs = append(ft.futs, f)
+			if probe {
+				// The first change after a failed round is stored before
+				// the rest are sent: should a leader be elected while the
+				// round is sent, an early change answered "no responders"
+				// and a later one stored would be out of order.
+				probe = false
+				if err := ft.settle(ctx); err != nil {
+					return err
+				}
+			}
 			if c.EraseKey != nil {
 				ft.erased = append(ft.erased, c.EraseKey)
 			}
@@ -352,7 +370,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	n := 0
 	var ackErr error
 	for _, ft := range ts {
-		failed := false
+		failed := ft.lost != nil // its error is the read's (readErr)
 		for _, f := range ft.futs {
 			select {
 			case <-f.Ok():
@@ -512,18 +530,26 @@ func (p *FeedPublisher) lag(behind []storage.Scope) time.Duration {
 	return max(time.Since(oldest.Time()), 0)
 }
 
-// awaitAll waits until every publish is stored; the first failure is the
-// error.
-func awaitAll(ctx context.Context, futs []jetstream.PubAckFuture) error {
-	for _, f := range futs {
+// settle waits for the answers to what the round published of ft so far:
+// the stored are counted; at the first failure (kept in ft.lost) the
+// futures not answered yet stay for the round's ack loop. A future's
+// answer is received once, so an answered one must not stay: the ack
+// loop would wait on it until the slot stops.
+func (ft *feedTenant) settle(ctx context.Context) error {
+	for i, f := range ft.futs {
 		select {
 		case <-f.Ok():
+			ft.stored++
 		case err := <-f.Err():
+			ft.lost = err
+			ft.futs = ft.futs[i+1:]
 			return err
 		case <-ctx.Done():
+			ft.futs = ft.futs[i:]
 			return ctx.Err()
 		}
 	}
+	ft.futs = ft.futs[:0]
 	return nil
 }
 

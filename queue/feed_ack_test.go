@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/telha/telha-cascade/cascade"
-	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/storage"
 )
 
@@ -23,21 +20,9 @@ import (
 // with it) waited for ever: TestDynamicNATSServerLost's feed check once
 // found 17 of 188 puts.
 func TestFeedRoundGivesUpOnAnUnansweredPublish(t *testing.T) {
-	ns := testnats.Start(t)
-	nc := testnats.Connect(t, ns.ClientURL())
-	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	nc, st, sc := feedFixture(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sc := storage.MustScope("acme")
-	id := uuid.New()
-	if _, err := cascade.New(st, cascade.Options{}).PutNode(ctx, sc, storage.NodeWrite{ID: id, ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
-		Props: []byte(`{"n":1}`), Prov: storage.Provenance{RequestID: "r1"}}); err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{}.Defaults()
 	swallow, err := nc.SubscribeSync("telha.chg.>")
 	if err != nil {
