@@ -620,7 +620,7 @@ func loseAPodAndItsDisk(t *testing.T, standbys int) {
 		}
 	}
 	checkReadable(t, nodes, survivors...)
-	checkFeed(t, l, 90*time.Second)
+	checkFeed(t, g, l, 90*time.Second)
 
 	// The victim comes back on an empty directory: it restores, rejoins,
 	// and answers reads (its own slots, once it owns some again, and the
@@ -744,7 +744,7 @@ func TestDynamicRescaleLive(t *testing.T) {
 	l.waitAnswered(90 * time.Second)
 	nodes := l.checkOnce()
 	checkReadable(t, nodes, w1, w2)
-	checkFeed(t, l, 90*time.Second)
+	checkFeed(t, g, l, 90*time.Second)
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	if len(rd.bad) > 0 {
@@ -857,7 +857,7 @@ func TestDynamicZombieIsFenced(t *testing.T) {
 	l.waitAnswered(90 * time.Second)
 	nodes := l.checkOnce()
 	checkReadable(t, nodes, other)
-	checkFeed(t, l, 90*time.Second)
+	checkFeed(t, g, l, 90*time.Second)
 	t.Logf("%d requests answered exactly once across the freeze", len(l.published))
 }
 
@@ -923,7 +923,7 @@ func TestDynamicNATSServerLost(t *testing.T) {
 	l.waitAnswered(90 * time.Second)
 	nodes := l.checkOnce()
 	checkReadable(t, nodes, ps...)
-	checkFeed(t, l, 90*time.Second)
+	checkFeed(t, g, l, 90*time.Second)
 	for _, p := range ps {
 		if p.exited() {
 			t.Errorf("member %s exited (%v) when one NATS server of three was lost", p.id, p.err)
