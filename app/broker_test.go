@@ -1,10 +1,7 @@
 package app
 
 import (
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,66 +9,6 @@ import (
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
 )
-
-// proxy is a TCP proxy the test can cut: while cut, it drops every
-// connection and refuses new ones (NATS unreachable for a while).
-type proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	t.Cleanup(func() { ln.Close(); p.setCut(true) })
-	return p
-}
-
-func (p *proxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
-	}
-}
-
-func (p *proxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = cut
-	if cut {
-		for c := range p.conns {
-			c.Close()
-		}
-		p.conns = map[net.Conn]bool{}
-	}
-}
 
 func readyReasons(w *running) (int, string) {
 	var body struct{ Reasons []string }
@@ -159,18 +96,18 @@ func TestBrokerRestartDuringLoad(t *testing.T) {
 // restored; the requests published meanwhile are applied afterwards.
 func TestBrokerUnreachableForAWhile(t *testing.T) {
 	ns := testnats.Start(t)
-	px := newProxy(t, ns.Addr().String())
-	w := startWorker(t, ns, t.TempDir(), Options{}, "--nats-url", px.url())
+	px := testnats.StartProxy(t, ns.Addr().String())
+	w := startWorker(t, ns, t.TempDir(), Options{}, "--nats-url", px.URL())
 	b := newBus(t, ns)
 	reqs := map[string]string{}
 	publishBurst(t, b, "cut", 200, reqs)
-	px.setCut(true)
+	px.SetCut(true)
 	testnats.Eventually(t, 10*time.Second, "readyz reports the outage", func() bool {
 		code, why := readyReasons(w)
 		return code == 503 && strings.Contains(why, "nats")
 	})
 	publishBurst(t, b, "cut", 200, reqs) // queued in the stream meanwhile
-	px.setCut(false)
+	px.SetCut(false)
 	testnats.Eventually(t, 30*time.Second, "worker ready again", func() bool {
 		code, _ := readyReasons(w)
 		return code == 200

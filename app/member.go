@@ -92,10 +92,12 @@ type memberRun struct {
 	n    int // slots
 	pc   member.PlanConfig
 
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	reg  *member.Registry
-	auth *api.Auth
+	nc *nats.Conn
+	js jetstream.JetStream
+	// feedConn: the slots' change feeds' connection (queue.FeedConn).
+	feedConn *queue.FeedConn
+	reg      *member.Registry
+	auth     *api.Auth
 	// tracer: the one tracer of the member and its slots (tracerFor).
 	tracer trace.TracerProvider
 	proms  *metrics.MemberMetrics
@@ -274,6 +276,11 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 		return err
 	}
 	m.nc = conn.nc
+	// The change feed's connection (queue.FeedConn), shared by the slots'
+	// feeds: closed after the slots stop (deferred after conn.close above,
+	// so run before it).
+	m.feedConn = queue.NewFeedConn(conn.nc)
+	defer m.feedConn.Close()
 	js, err := jetstream.New(conn.nc)
 	if err != nil {
 		return fmt.Errorf("member: %w", err)
@@ -923,7 +930,8 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 	o.SlotView = m.slotRows
 	o.StandbyApplied = func() []uint64 { return m.standbyApplied(s) }
 	o.OnStartPhase = func(p string) { r.phase.Store(&p) }
-	o.Conn = m.nc   // one NATS connection per member, not one per slot
+	o.Conn = m.nc // one NATS connection per member, not one per slot
+	o.FeedConn = m.feedConn
 	o.Auth = m.auth // one access control, refusals counted once
 	o.Host = m.host()
 	if pe := m.kept[s]; pe != nil { // m.mu held

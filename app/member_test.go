@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,62 +355,6 @@ func TestRolelessCopyIsRemoved(t *testing.T) {
 	}
 }
 
-// cutProxy is a TCP proxy to a NATS server that a test can cut: every
-// connection through it is closed and new ones are refused (a member cut
-// off from NATS, its process and its HTTP still up).
-type cutProxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-	cut   bool
-}
-
-func startCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln}
-	t.Cleanup(p.Cut)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			p.mu.Lock()
-			if err != nil || p.cut {
-				p.mu.Unlock()
-				c.Close()
-				if u != nil {
-					u.Close()
-				}
-				continue
-			}
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(u, c); u.Close() }()
-			go func() { _, _ = io.Copy(c, u); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *cutProxy) URL() string { return "nats://" + p.ln.Addr().String() }
-
-// Cut closes every connection and the listener.
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	p.ln.Close()
-	for _, c := range p.conns {
-		c.Close()
-	}
-}
-
 // TestMemberCutOffFromNATSServesNoStaleRead (issue 30 item 4, reads under
 // a lease): a member whose NATS connection is cut loses its slots to the
 // other member after the TTL; from then on, a read through the cut-off
@@ -418,7 +363,7 @@ func (p *cutProxy) Cut() {
 // its /readyz is not 200.
 func TestMemberCutOffFromNATSServesNoStaleRead(t *testing.T) {
 	ns := testnats.Start(t)
-	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	proxy := testnats.StartProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	a := startMemberURL(t, proxy.URL(), "a", t.TempDir(), 1)
 	a.settledOn(t, "a")
 	b := startMemberIn(t, ns, "b", t.TempDir(), 1)
@@ -488,22 +433,30 @@ func TestDuplicateMemberIDExits(t *testing.T) {
 	a.settledOn(t, "a")
 }
 
-// TestMemberHoldsOneNATSConnection: a member's slots share the process's
+// TestMemberHoldsTwoNATSConnections: a member's slots share the process's
 // NATS connection (issue 30: 20 client connections for 3 members of 16
-// slots): one member owning both slots holds one connection, however
-// many slots it runs.
-func TestMemberHoldsOneNATSConnection(t *testing.T) {
+// slots), and their change feeds share one more, which never reconnects
+// (queue.FeedConn): one member owning both slots holds two connections,
+// however many slots it runs.
+func TestMemberHoldsTwoNATSConnections(t *testing.T) {
 	ns := testnats.Start(t)
 	m0 := startMember(t, ns, "m0")
 	m0.settledOn(t, "m0") // both slots owned and serving
-	if n := ns.NumClients(); n != 1 {
-		var names []string
+	// The feed dials its connection at its first round (within a second
+	// of the slot's start).
+	var names []string
+	testnats.Eventually(t, 10*time.Second, "the member's two NATS connections", func() bool {
+		names = nil
 		if cz, err := ns.Connz(nil); err == nil {
 			for _, c := range cz.Conns {
 				names = append(names, c.Name)
 			}
 		}
-		t.Fatalf("the member holds %d NATS connections (%v), want 1", n, names)
+		return len(names) >= 2
+	})
+	slices.Sort(names)
+	if len(names) != 2 || names[0] != "telha-cascade" || names[1] != "telha-cascade change-feed" {
+		t.Fatalf("the member holds NATS connections %q, want the member's and its change feed's", names)
 	}
 }
 
@@ -622,7 +575,7 @@ func TestGroupStatusPage(t *testing.T) {
 // the standby is promoted.
 func TestStandbyAnswersReadsDuringAFailover(t *testing.T) {
 	ns := testnats.Start(t)
-	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	proxy := testnats.StartProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	// A longer TTL than the other member tests: the owner's lease (4 s)
 	// runs out 2 s before its record expires, the window in which only the
 	// standby can answer.
@@ -784,7 +737,7 @@ func slotRowOf(page string, s int) string {
 // copy answers it 200.
 func TestStandbyReadSeesEveryAnsweredWrite(t *testing.T) {
 	ns := testnats.Start(t)
-	proxy := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	proxy := testnats.StartProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	a := startMemberOpts(t, proxy.URL(), "a", t.TempDir(), 1, Options{}, "--member-ttl", "6s")
 	a.settledOn(t, "a")
 	var holding atomic.Bool
@@ -986,7 +939,7 @@ func waitStandbyCaughtUp(t *testing.T, m *memberUnderTest, slot int, id string) 
 // names the frozen member rather than hanging with it.
 func TestReadsLeaveAFrozenOwner(t *testing.T) {
 	ns := testnats.Start(t)
-	natsLink := startCutProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	natsLink := testnats.StartProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	front := startFreezeProxy(t)
 	a := startMemberOpts(t, natsLink.URL(), "a", t.TempDir(), 1, Options{}, "--member-ttl", "6s", "--advertise-url", front.URL())
 	target := strings.TrimPrefix(a.base, "http://")

@@ -8,7 +8,8 @@
 // same Publisher), dead-letters what can never apply, and publishes each
 // slot's change feed to TELHA_CHG (feed.go: FeedPublisher reads what
 // committed from the store, storage.ReadFeed, and saves its cursors through
-// the writer once a round is stored).
+// the writer once a round is stored; feedconn.go: the feeds' own NATS
+// connection, one per process, which never reconnects).
 //
 // Delivery: at-least-once in, exactly-once effect. A message is acked only
 // after its effect (and receipt) is durable and its result has been accepted

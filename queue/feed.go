@@ -124,12 +124,18 @@ type FeedHooks struct {
 
 // FeedPublisher publishes one store's change feed.
 type FeedPublisher struct {
-	js    jetstream.JetStream
-	st    *storage.Store
-	cfg   Config
-	log   *slog.Logger
-	hooks FeedHooks
-	pos   map[storage.Scope]storage.FeedPos // stored positions (the saved cursors, read once, then moved on)
+	// conn: the feed's connection (ownConn: made by this publisher); nc,
+	// js and closed (closed when nc closes): as the round took it (dial).
+	conn    *FeedConn
+	ownConn bool
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	closed  <-chan struct{}
+	st      *storage.Store
+	cfg     Config
+	log     *slog.Logger
+	hooks   FeedHooks
+	pos     map[storage.Scope]storage.FeedPos // stored positions (the saved cursors, read once, then moved on)
 	// dirty: positions stored and not saved yet; erased: erase rows
 	// published and not deleted yet; savedAt: the last save.
 	dirty  map[storage.Scope]storage.FeedPos
@@ -154,22 +160,62 @@ type FeedPublisher struct {
 	maxData int
 }
 
-// NewFeedPublisher returns the publisher of st's feed on nc.
-func NewFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks) (*FeedPublisher, error) {
-	return newFeedPublisher(nc, st, cfg, log, hooks, feedAckWait)
+// NewFeedPublisher returns the publisher of st's feed on fc, or, with fc
+// nil, on a FeedConn of its own made from nc (closed when Run ends).
+func NewFeedPublisher(fc *FeedConn, nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks) (*FeedPublisher, error) {
+	own := fc == nil
+	if own {
+		if nc == nil {
+			return nil, errors.New("change feed: no NATS connection")
+		}
+		fc = NewFeedConn(nc)
+	}
+	p := newFeedPublisher(fc, st, cfg, log, hooks)
+	p.ownConn = own
+	return p, nil
 }
 
-func newFeedPublisher(nc *nats.Conn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks, ackWait time.Duration) (*FeedPublisher, error) {
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackWait))
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
+func newFeedPublisher(fc *FeedConn, st *storage.Store, cfg Config, log *slog.Logger, hooks FeedHooks) *FeedPublisher {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &FeedPublisher{js: js, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
-		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
-		maxData: int(nc.MaxPayload()) - 4096}, nil
+	return &FeedPublisher{conn: fc, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
+		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate}
+}
+
+// Close closes the feed's connection if the publisher made it (a
+// FeedConn given by the process is the process's to close). Run does
+// when it ends.
+func (p *FeedPublisher) Close() {
+	if p.ownConn {
+		p.conn.Close()
+	}
+}
+
+// dial takes the feed's connection as it is now (FeedConn.get: dialled
+// again if it closed) for the round.
+func (p *FeedPublisher) dial() error {
+	nc, js, closed, err := p.conn.get()
+	if err != nil {
+		return err
+	}
+	p.nc, p.js, p.closed = nc, js, closed
+	p.maxData = int(nc.MaxPayload()) - 4096
+	return nil
+}
+
+// answer waits for a publish's answer: nil once it is stored.
+func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) error {
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return err
+	case <-p.closed:
+		return fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Run publishes until ctx ends: a round after every commit (at most one
@@ -182,6 +228,7 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		_ = p.save(sctx)
 		cancel()
+		p.Close()
 	}()
 	backoff := 100 * time.Millisecond
 	for {
@@ -281,6 +328,9 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
 	p.notOwned = nil // a no stands for one round; the next asks again (owned)
+	if err := p.dial(); err != nil {
+		return false, err
+	}
 	for _, sc := range p.st.Tenants() {
 		// Nothing new: no write since its last read, which no journal
 		// held back.
@@ -312,7 +362,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: horizon, Max: feedBatch}, func(c *storage.Change) error {
 			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps && !c.Scrubbed && !p.scrubbedKeys[string(c.EraseKey)] {
 				// The erased props leave the feed before the erase is on it.
-				if err := ft.settle(ctx); err != nil {
+				if err := p.settle(ctx, ft); err != nil {
 					return err
 				}
 				if err := p.scrubErase(ctx, sc, c); err != nil {
@@ -337,7 +387,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				// round is sent, an early change answered "no responders"
 				// and a later one stored would be out of order.
 				probe = false
-				if err := ft.settle(ctx); err != nil {
+				if err := p.settle(ctx, ft); err != nil {
 					return err
 				}
 			}
@@ -372,21 +422,19 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	for _, ft := range ts {
 		failed := ft.lost != nil // its error is the read's (readErr)
 		for _, f := range ft.futs {
-			select {
-			case <-f.Ok():
-				if failed && p.hooks.Reordered != nil {
+			switch err := p.answer(ctx, f); {
+			case ctx.Err() != nil:
+				return false, ctx.Err()
+			case err == nil && failed:
+				if p.hooks.Reordered != nil {
 					p.hooks.Reordered(ft.sc.Tenant())
 				}
-				if failed {
-					p.log.Error("change feed: a change was lost while a later one was stored; it is published again after it", "tenant", ft.sc.Tenant())
-				}
-			case err := <-f.Err():
+				p.log.Error("change feed: a change was lost while a later one was stored; it is published again after it", "tenant", ft.sc.Tenant())
+			case err != nil:
 				if !failed {
 					ackErr = errors.Join(ackErr, fmt.Errorf("tenant %s: %w", ft.sc, err))
 				}
 				failed = true
-			case <-ctx.Done():
-				return false, ctx.Err()
 			}
 		}
 		if failed {
@@ -530,24 +578,24 @@ func (p *FeedPublisher) lag(behind []storage.Scope) time.Duration {
 	return max(time.Since(oldest.Time()), 0)
 }
 
-// settle waits for the answers to what the round published of ft so far:
+// settle waits for the answers to what the round published of ft so far
+// (answer):
 // the stored are counted; at the first failure (kept in ft.lost) the
 // futures not answered yet stay for the round's ack loop. A future's
 // answer is received once, so an answered one must not stay: the ack
 // loop would wait on it until the slot stops.
-func (ft *feedTenant) settle(ctx context.Context) error {
+func (p *FeedPublisher) settle(ctx context.Context, ft *feedTenant) error {
 	for i, f := range ft.futs {
-		select {
-		case <-f.Ok():
-			ft.stored++
-		case err := <-f.Err():
+		if err := p.answer(ctx, f); err != nil {
+			if ctx.Err() != nil {
+				ft.futs = ft.futs[i:]
+				return err
+			}
 			ft.lost = err
 			ft.futs = ft.futs[i+1:]
 			return err
-		case <-ctx.Done():
-			ft.futs = ft.futs[i:]
-			return ctx.Err()
 		}
+		ft.stored++
 	}
 	ft.futs = ft.futs[:0]
 	return nil
@@ -602,6 +650,9 @@ func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *sto
 // edges'; the rest (a hub's edges) plainly. It returns how many it deleted
 // and how many of those it overwrote.
 func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (deleted, overwritten int, err error) {
+	if err := p.dial(); err != nil {
+		return 0, 0, err
+	}
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
 	if err != nil {
 		return 0, 0, err

@@ -28,10 +28,7 @@ func TestFeedRoundGivesUpOnAnUnansweredPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := newFeedPublisher(nc, st, cfg, nil, FeedHooks{}, 200*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testFeedPublisher(t, nc, st, cfg, FeedHooks{}, 200*time.Millisecond)
 	if _, err := p.Round(ctx); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 		t.Fatalf("round with its publish unanswered: %v, want %v", err, jetstream.ErrAsyncPublishTimeout)
 	}

@@ -33,20 +33,21 @@ func TestFeedRoundWithNoStreamStoresNothingLate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cfg := Config{}.Defaults()
-	p, err := newFeedPublisher(nc, st, cfg, nil, FeedHooks{}, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testFeedPublisher(t, nc, st, cfg, FeedHooks{}, 10*time.Second)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The stream appears as soon as the server has answered every first
 	// publish (a stream leader elected while the round waits).
-	in0 := nc.Stats().InMsgs
+	if err := p.dial(); err != nil { // the feed's own connection, watched below
+		t.Fatal(err)
+	}
+	own := p.nc
+	in0 := own.Stats().InMsgs
 	created := make(chan error, 1)
 	go func() {
-		for nc.Stats().InMsgs < in0+n {
+		for own.Stats().InMsgs < in0+n {
 			if ctx.Err() != nil {
 				created <- ctx.Err()
 				return
@@ -71,28 +72,7 @@ func TestFeedRoundWithNoStreamStoresNothingLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != n {
-		t.Fatalf("the stream holds %d changes, want %d", info.State.Msgs, n)
-	}
-	last := ""
-	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var c client.Change
-		if err := json.Unmarshal(m.Data, &c); err != nil {
-			t.Fatal(err)
-		}
-		if c.TxTime < last {
-			t.Fatalf("seq %d: a change at %s stored after one at %s", seq, c.TxTime, last)
-		}
-		last = c.TxTime
-	}
+	checkStreamInOrder(t, ctx, s, n)
 }
 
 // TestFeedRoundsWithNoStreamEachFail: rounds while the stream has no
@@ -105,10 +85,7 @@ func TestFeedRoundsWithNoStreamEachFail(t *testing.T) {
 	nc, st, sc := feedFixture(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := newFeedPublisher(nc, st, Config{}.Defaults(), nil, FeedHooks{}, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testFeedPublisher(t, nc, st, Config{}.Defaults(), FeedHooks{}, 10*time.Second)
 	for round := range 3 {
 		if _, err := p.Round(ctx); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			t.Fatalf("round %d with no stream: %v, want %v", round, err, jetstream.ErrNoStreamResponse)
@@ -131,12 +108,105 @@ func feedFixture(t *testing.T, n int) (*nats.Conn, *storage.Store, storage.Scope
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	sc := storage.MustScope("acme")
+	putNodes(t, st, sc, n)
+	return nc, st, sc
+}
+
+// putNodes puts n nodes in sc, each by a request of its own.
+func putNodes(t *testing.T, st *storage.Store, sc storage.Scope, n int) {
+	t.Helper()
 	cs := cascade.New(st, cascade.Options{})
 	for i := range n {
 		if _, err := cs.PutNode(context.Background(), sc, storage.NodeWrite{ID: uuid.New(), ValidFrom: storage.NoTs, ValidTo: storage.NoTs,
-			Props: fmt.Appendf(nil, `{"n":%d}`, i), Prov: storage.Provenance{RequestID: fmt.Sprint("r", i)}}); err != nil {
+			Props: fmt.Appendf(nil, `{"n":%d}`, i), Prov: storage.Provenance{RequestID: uuid.NewString()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return nc, st, sc
+}
+
+// TestFeedPublishesOnAConnectionThatNeverReconnects: the feed publishes
+// on a connection of its own that does not reconnect. A reconnecting one
+// sends what it had not yet written when its server went away to the next
+// server, while what was in the socket is lost: a tenant's later changes
+// stored without an earlier one. Cut off, the feed's connection closes
+// (the slot's reconnects), the next round dials a new one, and the stream
+// holds every change once, in order.
+func TestFeedPublishesOnAConnectionThatNeverReconnects(t *testing.T) {
+	ns := testnats.Start(t)
+	px := testnats.StartProxy(t, ns.Addr().String())
+	slotConn := testnats.Connect(t, px.URL(), nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
+	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sc := storage.MustScope("acme")
+	cfg := Config{}.Defaults()
+	js, err := jetstream.New(testnats.Connect(t, ns.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(ctx, ChangesStreamConfig(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testFeedPublisher(t, slotConn, st, cfg, FeedHooks{}, 10*time.Second)
+	putNodes(t, st, sc, 50)
+	if _, err := p.Round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := p.nc
+	if first == slotConn || first.Opts.AllowReconnect {
+		t.Fatalf("the feed publishes on the slot's connection (%v) or on one that reconnects (%v)", first == slotConn, first.Opts.AllowReconnect)
+	}
+	px.Cut()
+	testnats.Eventually(t, 10*time.Second, "the feed's connection closed by the cut", first.IsClosed)
+	px.SetCut(false)
+	putNodes(t, st, sc, 50)
+	testnats.Eventually(t, 30*time.Second, "a round after the cut", func() bool {
+		more, err := p.Round(ctx)
+		return err == nil && !more
+	})
+	if p.nc == first || first.Stats().Reconnects != 0 {
+		t.Fatalf("the feed reconnected its connection (%d reconnects) instead of dialling a new one", first.Stats().Reconnects)
+	}
+	checkStreamInOrder(t, ctx, s, 100)
+}
+
+// checkStreamInOrder: the stream holds n changes, in ascending tx_time.
+func checkStreamInOrder(t *testing.T, ctx context.Context, s jetstream.Stream, n uint64) {
+	t.Helper()
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n {
+		t.Fatalf("the stream holds %d changes, want %d", info.State.Msgs, n)
+	}
+	last := ""
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c client.Change
+		if err := json.Unmarshal(m.Data, &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.TxTime < last {
+			t.Fatalf("seq %d: a change at %s stored after one at %s", seq, c.TxTime, last)
+		}
+		last = c.TxTime
+	}
+}
+
+// testFeedPublisher: a publisher of st's feed on a FeedConn of its own
+// made from nc, its answers awaited at most ackWait; closed when the test
+// ends.
+func testFeedPublisher(t testing.TB, nc *nats.Conn, st *storage.Store, cfg Config, hooks FeedHooks, ackWait time.Duration) *FeedPublisher {
+	fc := newFeedConn(nc, ackWait)
+	t.Cleanup(fc.Close)
+	return newFeedPublisher(fc, st, cfg, nil, hooks)
 }

@@ -69,7 +69,7 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 	}
 
 	stale := openStore()
-	p, err := NewFeedPublisher(nc, stale, cfg, nil, FeedHooks{Owned: zombie.Owned})
+	p, err := NewFeedPublisher(nil, nc, stale, cfg, nil, FeedHooks{Owned: zombie.Owned})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 
 	current := openStore()
 	var fenced atomic.Bool
-	p, err = NewFeedPublisher(nc, current, cfg, nil, FeedHooks{Owned: func(ctx context.Context) error {
+	p, err = NewFeedPublisher(nil, nc, current, cfg, nil, FeedHooks{Owned: func(ctx context.Context) error {
 		if fenced.Load() {
 			return zombie.Owned(ctx)
 		}

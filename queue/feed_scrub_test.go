@@ -87,9 +87,10 @@ func newScrubFixture(tb testing.TB, others, propsBytes, hub int) *scrubFixture {
 	if f.stream, err = js.CreateStream(ctx, ChangesStreamConfig(cfg)); err != nil {
 		tb.Fatal(err)
 	}
-	if f.p, err = NewFeedPublisher(nc, st, Config{ChangesMaxRate: -1}, nil, FeedHooks{}); err != nil {
+	if f.p, err = NewFeedPublisher(nil, nc, st, Config{ChangesMaxRate: -1}, nil, FeedHooks{}); err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(f.p.Close)
 	for more := true; more; {
 		if more, err = f.p.Round(ctx); err != nil {
 			tb.Fatal(err)

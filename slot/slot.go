@@ -41,6 +41,10 @@ type Options struct {
 	// --stream-replicas. CloseConn then drains it before the store closes.
 	Dial      func(ctx context.Context) (*nats.Conn, int, error)
 	CloseConn func()
+	// FeedConn is the process's change-feed connection (a member's: one
+	// per process, shared by its slots' feeds; queue.FeedConn says why it
+	// is not Conn). Nil: the slot's feed makes its own from Conn.
+	FeedConn *queue.FeedConn
 	// Auth is the process's access control (a member's: one tokens file
 	// read and watched per process). Nil: the slot builds one from
 	// AuthConfig, counting refusals in its metrics.
@@ -514,7 +518,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		if a.changelog != nil {
 			hooks.Owned = a.changelog.feedOwned(st)
 		}
-		feed, err := queue.NewFeedPublisher(a.nc, st, qcfg, log, hooks)
+		feed, err := queue.NewFeedPublisher(opts.FeedConn, a.nc, st, qcfg, log, hooks)
 		if err != nil {
 			return err
 		}
