@@ -426,7 +426,8 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// conns counts the client connections named "telha-cascade" on s, and
+// conns counts the worker's client connections on s (named
+// "telha-cascade", and "telha-cascade change-feed": queue.FeedConn), and
 // their subscriptions.
 func conns(s *server.Server) (int, uint32, error) {
 	cz, err := s.Connz(&server.ConnzOptions{Limit: 4096, Subscriptions: false})
@@ -435,7 +436,7 @@ func conns(s *server.Server) (int, uint32, error) {
 	}
 	n, subs := 0, uint32(0)
 	for _, c := range cz.Conns {
-		if c.Name == "telha-cascade" {
+		if c.Name == "telha-cascade" || c.Name == "telha-cascade change-feed" {
 			n++
 			subs += c.NumSubs
 		}
