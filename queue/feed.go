@@ -195,11 +195,20 @@ func (p *FeedPublisher) Close() {
 // dial takes the feed's connection as it is now (FeedConn.get: dialled
 // again if it closed) for the round.
 func (p *FeedPublisher) dial() error {
-	nc, js, closed, err := p.conn.get()
+	nc, closed, err := p.conn.get()
 	if err != nil {
 		return err
 	}
-	p.nc, p.js, p.closed = nc, js, closed
+	if nc != p.nc {
+		// A JetStream context of its own on the shared connection: its
+		// own cap on publishes in flight, its own ack subscription.
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(p.conn.ackWait))
+		if err != nil {
+			return fmt.Errorf("change feed: jetstream: %w", err)
+		}
+		p.nc, p.js = nc, js
+	}
+	p.closed = closed
 	p.maxData = int(nc.MaxPayload()) - 4096
 	return nil
 }
@@ -212,7 +221,16 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 	case err := <-f.Err():
 		return err
 	case <-p.closed:
-		return fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
+		// An answer received before the close is the answer (select
+		// picks at random among what is ready).
+		select {
+		case <-f.Ok():
+			return nil
+		case err := <-f.Err():
+			return err
+		default:
+			return fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -650,8 +668,10 @@ func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *sto
 // edges'; the rest (a hub's edges) plainly. It returns how many it deleted
 // and how many of those it overwrote.
 func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (deleted, overwritten int, err error) {
-	if err := p.dial(); err != nil {
-		return 0, 0, err
+	if p.js == nil { // called outside a round (tests)
+		if err := p.dial(); err != nil {
+			return 0, 0, err
+		}
 	}
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
 	if err != nil {

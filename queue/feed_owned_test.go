@@ -73,6 +73,7 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(p.Close)
 	_, err = p.Round(ctx)
 	if !errors.Is(err, ErrNotOwned) || !errors.Is(err, partition.ErrFenced) {
 		t.Fatalf("round of the fenced copy: %v, want ErrNotOwned wrapping partition.ErrFenced", err)
@@ -95,6 +96,7 @@ func TestFeedOfAFencedCopyPublishesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(p.Close)
 	if _, err := p.Round(ctx); err != nil {
 		t.Fatalf("round of the current writer's copy: %v", err)
 	}

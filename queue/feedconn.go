@@ -2,13 +2,13 @@ package queue
 
 import (
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // FeedConn is the change feed's NATS connection, one per process, shared
@@ -25,11 +25,12 @@ type FeedConn struct {
 	tmpl    *nats.Conn
 	ackWait time.Duration
 
-	mu     sync.Mutex
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	closed chan struct{}
-	done   bool
+	mu       sync.Mutex
+	nc       *nats.Conn
+	closed   chan struct{}
+	done     bool
+	failErr  error // the last dial's failure, standing until failedAt+feedDialRetry
+	failedAt time.Time
 }
 
 // NewFeedConn returns the feed's connection, made from the process's nc
@@ -41,43 +42,77 @@ func newFeedConn(nc *nats.Conn, ackWait time.Duration) *FeedConn {
 }
 
 // get returns the open connection, dialled again if it closed; closed is
-// closed when it closes.
-func (c *FeedConn) get() (nc *nats.Conn, js jetstream.JetStream, closed <-chan struct{}, err error) {
+// closed when it closes. A failed dial is the answer for a second: the
+// slots' feeds of a process cut off from NATS do not each wait out a
+// dial of their own, in turn, on every round.
+func (c *FeedConn) get() (nc *nats.Conn, closed <-chan struct{}, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done {
-		return nil, nil, nil, fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
-	}
-	if c.nc != nil && !c.nc.IsClosed() {
-		return c.nc, c.js, c.closed, nil
+	switch {
+	case c.done:
+		return nil, nil, fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
+	case c.nc != nil && !c.nc.IsClosed():
+		return c.nc, c.closed, nil
+	case c.failErr != nil && time.Since(c.failedAt) < feedDialRetry:
+		return nil, nil, c.failErr
 	}
 	o := c.tmpl.Opts
-	o.Servers = nil
-	for _, u := range append([]string{c.tmpl.ConnectedUrl(), o.Url}, c.tmpl.Servers()...) {
-		if u != "" && !slices.Contains(o.Servers, u) {
-			o.Servers = append(o.Servers, u)
-		}
-	}
-	o.Url = ""
+	o.Servers, o.Url, o.NoRandomize = dialOrder(o.Url, o.Servers, c.tmpl.ConnectedUrl()), "", true
 	o.Name = strings.TrimSpace(o.Name + " change-feed")
 	o.AllowReconnect, o.RetryOnFailedConnect = false, false
 	// The process's handlers log its own connection's life; this one's
 	// end fails the rounds in flight (logged by their feeds).
 	ch := make(chan struct{})
-	o.ClosedCB = func(*nats.Conn) { close(ch) }
+	o.ClosedCB, o.NoCallbacksAfterClientClose = func(*nats.Conn) { close(ch) }, false
 	o.DisconnectedCB, o.DisconnectedErrCB, o.ReconnectedCB, o.ConnectedCB = nil, nil, nil, nil
-	o.DiscoveredServersCB, o.LameDuckModeHandler, o.ReconnectErrCB = nil, nil, nil
-	nc, err = o.Connect()
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("change feed: connect to NATS: %w", err)
+	o.DiscoveredServersCB, o.LameDuckModeHandler, o.ReconnectErrCB, o.AsyncErrorCB = nil, nil, nil, nil
+	if nc, err = o.Connect(); err != nil {
+		c.failErr, c.failedAt = fmt.Errorf("change feed: connect to NATS: %w", err), time.Now()
+		return nil, nil, c.failErr
 	}
-	js, err = jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.ackWait))
-	if err != nil {
-		nc.Close()
-		return nil, nil, nil, fmt.Errorf("change feed: jetstream: %w", err)
+	c.nc, c.closed, c.failErr = nc, ch, nil
+	return nc, ch, nil
+}
+
+// feedDialRetry: how long a failed dial of the feed's connection stands.
+const feedDialRetry = time.Second
+
+// dialOrder lists the servers the feed's connection tries, in order: the
+// one the process's connection is connected to (as the process was given
+// it, credentials included, when it was given), then the others it was
+// given. Servers it only discovered are left out but for the current one:
+// their URLs carry no credentials.
+func dialOrder(optsURL string, optsServers []string, cur string) []string {
+	given := optsServers
+	if optsURL != "" {
+		given = append([]string{optsURL}, given...)
 	}
-	c.nc, c.js, c.closed = nc, js, ch
-	return nc, js, ch, nil
+	var first, rest []string
+	for _, u := range given {
+		switch {
+		case slices.Contains(first, u) || slices.Contains(rest, u):
+		case cur != "" && hostOf(u) == hostOf(cur):
+			first = append(first, u)
+		default:
+			rest = append(rest, u)
+		}
+	}
+	if len(first) == 0 && cur != "" {
+		first = []string{cur}
+	}
+	return append(first, rest...)
+}
+
+// hostOf is a server URL's host:port ("" if it does not parse).
+func hostOf(u string) string {
+	if !strings.Contains(u, "://") {
+		u = "nats://" + u
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Host
 }
 
 // Close closes the connection for good (its process is stopping).
