@@ -219,6 +219,12 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 	case <-f.Ok():
 		return nil
 	case err := <-f.Err():
+		if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			// Unanswered for the ack wait: its server may be paused or
+			// cut off while the TCP connection looks alive (pings notice
+			// it after minutes). Closed, the next round dials afresh.
+			p.conn.drop(p.nc)
+		}
 		return err
 	case <-p.closed:
 		// An answer received before the close is the answer (select

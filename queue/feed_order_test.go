@@ -144,27 +144,10 @@ func putNodes(t *testing.T, st *storage.Store, sc storage.Scope, n int) {
 // (the slot's reconnects), the next round dials a new one, and the stream
 // holds every change once, in order.
 func TestFeedPublishesOnAConnectionThatNeverReconnects(t *testing.T) {
-	ns := testnats.Start(t)
-	px := testnats.StartProxy(t, ns.Addr().String())
-	slotConn := testnats.Connect(t, px.URL(), nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
-	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	f := newProxiedFeed(t, 10*time.Second)
+	px, slotConn, st, sc, s, p := f.px, f.slotConn, f.st, f.sc, f.s, f.p
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sc := storage.MustScope("acme")
-	cfg := Config{}.Defaults()
-	js, err := jetstream.New(testnats.Connect(t, ns.ClientURL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.CreateStream(ctx, ChangesStreamConfig(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := testFeedPublisher(t, slotConn, st, cfg, FeedHooks{}, 10*time.Second)
 	putNodes(t, st, sc, 50)
 	if _, err := p.Round(ctx); err != nil {
 		t.Fatal(err)
@@ -243,4 +226,73 @@ func TestFeedDialOrder(t *testing.T) {
 			t.Errorf("dialOrder(%q, %q, %q) = %q, want %q", c.url, c.servers, c.cur, got, c.want)
 		}
 	}
+}
+
+// TestFeedRedialsAfterAnUnansweredRound: a server that stops answering
+// while the TCP connection stays open (paused by SIGSTOP; here a proxy
+// that forwards nothing) fails the round at the ack wait, and the feed
+// closes that connection: the next round dials afresh rather than waiting
+// the minutes pings take to notice.
+func TestFeedRedialsAfterAnUnansweredRound(t *testing.T) {
+	f := newProxiedFeed(t, 300*time.Millisecond)
+	px, st, sc, s, p := f.px, f.st, f.sc, f.s, f.p
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	putNodes(t, st, sc, 20)
+	if _, err := p.Round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := p.nc
+	px.SetFrozen(true)
+	putNodes(t, st, sc, 20)
+	if _, err := p.Round(ctx); !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		t.Fatalf("round with its server paused: %v, want %v", err, jetstream.ErrAsyncPublishTimeout)
+	}
+	if !first.IsClosed() {
+		t.Fatal("the feed kept the connection whose publishes went unanswered")
+	}
+	px.SetFrozen(false)
+	testnats.Eventually(t, 30*time.Second, "a round after the pause", func() bool {
+		more, err := p.Round(ctx)
+		return err == nil && !more
+	})
+	if p.nc == first {
+		t.Fatal("the feed published after the pause on the connection it closed")
+	}
+	checkStreamInOrder(t, ctx, s, 40)
+}
+
+// proxiedFeed: a NATS server with the change stream, a slot's connection
+// to it through a proxy the test cuts or freezes (reconnecting), an empty
+// store of tenant "acme", and its feed's publisher, its answers awaited
+// at most ackWait.
+type proxiedFeed struct {
+	px       *testnats.Proxy
+	slotConn *nats.Conn
+	st       *storage.Store
+	sc       storage.Scope
+	s        jetstream.Stream
+	p        *FeedPublisher
+}
+
+func newProxiedFeed(t *testing.T, ackWait time.Duration) *proxiedFeed {
+	t.Helper()
+	ns := testnats.Start(t)
+	f := &proxiedFeed{px: testnats.StartProxy(t, ns.Addr().String()), sc: storage.MustScope("acme")}
+	f.slotConn = testnats.Connect(t, f.px.URL(), nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
+	var err error
+	if f.st, err = storage.OpenStore(t.TempDir(), storage.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.st.Close() })
+	js, err := jetstream.New(testnats.Connect(t, ns.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{}.Defaults()
+	if f.s, err = js.CreateStream(context.Background(), ChangesStreamConfig(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	f.p = testFeedPublisher(t, f.slotConn, f.st, cfg, FeedHooks{}, ackWait)
+	return f
 }

@@ -115,6 +115,16 @@ func hostOf(u string) string {
 	return p.Host
 }
 
+// drop closes nc if it is still the feed's connection (a publish on it
+// went unanswered); the next round dials again.
+func (c *FeedConn) drop(nc *nats.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if nc != nil && c.nc == nc {
+		nc.Close()
+	}
+}
+
 // Close closes the connection for good (its process is stopping).
 func (c *FeedConn) Close() {
 	c.mu.Lock()

@@ -1,7 +1,6 @@
 package testnats
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -16,6 +15,9 @@ type Proxy struct {
 	mu     sync.Mutex
 	cut    bool
 	conns  map[net.Conn]bool
+	// thaw: closed when the proxy forwards; while frozen, a new channel
+	// that SetFrozen(false) closes.
+	thaw chan struct{}
 }
 
 // StartProxy listens on a free loopback port and forwards to target
@@ -26,9 +28,10 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}, thaw: make(chan struct{})}
+	close(p.thaw)
 	go p.serve()
-	t.Cleanup(func() { ln.Close(); p.SetCut(true) })
+	t.Cleanup(func() { ln.Close(); p.SetCut(true); p.SetFrozen(false) })
 	return p
 }
 
@@ -52,6 +55,50 @@ func (p *Proxy) SetCut(cut bool) {
 	}
 }
 
+// SetFrozen freezes the proxy (the connections stay open, nothing goes
+// through them either way: a server paused by SIGSTOP) or thaws it.
+func (p *Proxy) SetFrozen(frozen bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thaw: // forwarding
+		if frozen {
+			p.thaw = make(chan struct{})
+		}
+	default:
+		if !frozen {
+			close(p.thaw)
+		}
+	}
+}
+
+// gate returns once the proxy is not frozen.
+func (p *Proxy) gate() {
+	p.mu.Lock()
+	thaw := p.thaw
+	p.mu.Unlock()
+	<-thaw
+}
+
+// copy forwards src to dst, chunk by chunk, each through the gate.
+func (p *Proxy) copy(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.gate()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 func (p *Proxy) serve() {
 	for {
 		c, err := p.ln.Accept()
@@ -72,7 +119,7 @@ func (p *Proxy) serve() {
 		}
 		p.conns[c], p.conns[up] = true, true
 		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+		go p.copy(up, c)
+		go p.copy(c, up)
 	}
 }
