@@ -602,12 +602,11 @@ func (p *FeedPublisher) lag(behind []storage.Scope) time.Duration {
 	return max(time.Since(oldest.Time()), 0)
 }
 
-// settle waits for the answers to what the round published of ft so far
-// (answer):
-// the stored are counted; at the first failure (kept in ft.lost) the
-// futures not answered yet stay for the round's ack loop. A future's
-// answer is received once, so an answered one must not stay: the ack
-// loop would wait on it until the slot stops.
+// settle waits for the answers (answer) to what the round published of ft
+// so far: the stored are counted; at the first failure (kept in ft.lost)
+// the futures not answered yet stay for the round's ack loop. A future's
+// answer is received once, so an answered one must not stay: the ack loop
+// would wait on it until the slot stops.
 func (p *FeedPublisher) settle(ctx context.Context, ft *feedTenant) error {
 	for i, f := range ft.futs {
 		if err := p.answer(ctx, f); err != nil {

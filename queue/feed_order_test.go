@@ -114,14 +114,20 @@ func feedFixture(t *testing.T, n int) (*nats.Conn, *storage.Store, storage.Scope
 	t.Helper()
 	ns := testnats.Start(t)
 	nc := testnats.Connect(t, ns.ClientURL())
+	st, sc := testStore(t), storage.MustScope("acme")
+	putNodes(t, st, sc, n)
+	return nc, st, sc
+}
+
+// testStore: an empty store in a temp dir, closed when the test ends.
+func testStore(t *testing.T) *storage.Store {
+	t.Helper()
 	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	sc := storage.MustScope("acme")
-	putNodes(t, st, sc, n)
-	return nc, st, sc
+	return st
 }
 
 // putNodes puts n nodes in sc, each by a request of its own.
@@ -278,13 +284,8 @@ type proxiedFeed struct {
 func newProxiedFeed(t *testing.T, ackWait time.Duration) *proxiedFeed {
 	t.Helper()
 	ns := testnats.Start(t)
-	f := &proxiedFeed{px: testnats.StartProxy(t, ns.Addr().String()), sc: storage.MustScope("acme")}
+	f := &proxiedFeed{px: testnats.StartProxy(t, ns.Addr().String()), st: testStore(t), sc: storage.MustScope("acme")}
 	f.slotConn = testnats.Connect(t, f.px.URL(), nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1))
-	var err error
-	if f.st, err = storage.OpenStore(t.TempDir(), storage.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.st.Close() })
 	js, err := jetstream.New(testnats.Connect(t, ns.ClientURL()))
 	if err != nil {
 		t.Fatal(err)
