@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,6 +31,59 @@ var testLog = func() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }()
+
+// keptLog is a logger for one member of a test that keeps the member's
+// last lines in memory and prints them when the test fails, so a failure
+// on a loaded CI says what the member was doing (testLog discards it).
+func keptLog(t *testing.T, name string) *slog.Logger {
+	if os.Getenv("TELHA_TEST_LOG") != "" {
+		return testLog
+	}
+	w := &tailBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the last lines of member %s's log:\n%s", name, w.tail(150))
+		}
+	})
+	return slog.New(slog.NewTextHandler(w, nil))
+}
+
+// tailBuffer keeps about the last 1 MiB written to it.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (w *tailBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if len(w.b) > 2<<20 {
+		w.b = append([]byte(nil), w.b[len(w.b)-1<<20:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailBuffer) tail(lines int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ls := strings.Split(strings.TrimRight(string(w.b), "\n"), "\n")
+	return strings.Join(ls[max(0, len(ls)-lines):], "\n")
+}
+
+// moduleGoroutines is the stacks of the goroutines that run this module's
+// code (the tests' own aside): what a member that does not stop waits on.
+func moduleGoroutines() string {
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "telha-cascade/") && !strings.Contains(g, "testing.tRunner") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
 
 // running is one in-process worker.
 type running struct {

@@ -75,13 +75,14 @@ func startMemberOpts(t *testing.T, url, id, dir string, standbys int, opts Optio
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &memberUnderTest{id: id, base: "http://" + addr, cancel: cancel, done: make(chan error, 1)}
-	go func() { m.done <- Run(ctx, cfg, testLog, opts) }()
+	log := keptLog(t, id)
+	go func() { m.done <- Run(ctx, cfg, log, opts) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case <-m.done:
 		case <-time.After(60 * time.Second):
-			t.Errorf("member %s did not stop", id)
+			t.Errorf("member %s did not stop within 60 s; what this module's goroutines wait on:\n%s", id, moduleGoroutines())
 		}
 	})
 	return m
