@@ -79,8 +79,10 @@ func startMemberOpts(t *testing.T, url, id, dir string, standbys int, opts Optio
 	go func() { m.done <- Run(ctx, cfg, log, opts) }()
 	t.Cleanup(func() {
 		cancel()
+		stopping := time.Now()
 		select {
 		case <-m.done:
+			t.Logf("member %s stopped in %s", id, time.Since(stopping).Round(time.Millisecond))
 		case <-time.After(60 * time.Second):
 			t.Errorf("member %s did not stop within 60 s; what this module's goroutines wait on:\n%s", id, moduleGoroutines())
 		}
