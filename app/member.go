@@ -349,29 +349,46 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	defer m.stopAll()
 	tick := time.NewTicker(m.stepEvery())
 	defer tick.Stop()
-	var handoff <-chan time.Time
+	// --shutdown-grace bounds the whole exit from SIGTERM on: half for
+	// the handoff, half for the drain of what is left (each slot's grace).
+	// The handoff's rounds run under handoff, which ends half a grace
+	// after SIGTERM, even when SIGTERM came during a round (cut off from
+	// NATS, a round waits up to half a TTL).
+	handoff, endHandoff := context.WithCancel(work)
+	defer endHandoff()
+	var exitBy atomic.Int64 // unix nanoseconds; 0 until SIGTERM
+	defer context.AfterFunc(ctx, func() {
+		exitBy.Store(time.Now().Add(m.cfg.ShutdownGrace).UnixNano())
+		time.AfterFunc(m.cfg.ShutdownGrace/2, endHandoff)
+	})()
+	leave := func() error {
+		by := time.Time{}
+		if n := exitBy.Load(); n != 0 {
+			by = time.Unix(0, n)
+		}
+		return m.leave(work, by)
+	}
 	stopping := ctx.Done()
 	for {
-		if err := m.step(work); err != nil {
+		if handoff.Err() != nil {
+			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
+			return leave()
+		}
+		if err := m.step(handoff); err != nil {
 			m.log.Warn("member: a round failed; the next one retries", "err", err)
 		}
 		if m.leaving.Load() && m.ownsNothing() {
 			m.log.Info("member: every slot handed off; leaving")
-			return m.leave(work)
+			return leave()
 		}
 		select {
 		case err := <-m.fatal:
 			return err
 		case <-stopping:
-			// --shutdown-grace bounds the whole exit: half for the handoff,
-			// half for the drain of what is left (each slot's grace).
 			m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace/2)
 			m.leaving.Store(true)
 			stopping = nil
-			handoff = time.After(m.cfg.ShutdownGrace / 2)
-		case <-handoff:
-			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
-			return m.leave(work)
+		case <-handoff.Done(): // the loop's first check leaves
 		case <-changed:
 		case <-m.wake:
 		case <-tick.C:
@@ -443,10 +460,21 @@ func (m *memberRun) stepEvery() time.Duration {
 	return min(max(m.cfg.Member.TTL/4, 100*time.Millisecond), time.Second)
 }
 
-// leave stops every slot and deletes the member's record.
-func (m *memberRun) leave(ctx context.Context) error {
+// leave stops every slot and deletes the member's record, within what is
+// left of the exit (exitBy; zero: no SIGTERM, as a fatal error's exit).
+// Cut off from NATS it does not try: the record expires after the TTL,
+// and a wait for NATS would only outlast --shutdown-grace.
+func (m *memberRun) leave(ctx context.Context, exitBy time.Time) error {
 	m.stopAll()
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if !m.nc.IsConnected() {
+		m.log.Warn("member: not connected to NATS; the record is left to expire after the TTL", "ttl", m.cfg.Member.TTL)
+		return nil
+	}
+	bound := 5 * time.Second
+	if !exitBy.IsZero() {
+		bound = min(bound, max(time.Until(exitBy), time.Second))
+	}
+	lctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	if err := m.reg.Leave(lctx, m.id); err != nil {
 		m.log.Warn("member: deleting the record failed; it expires after the TTL", "err", err)

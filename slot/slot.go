@@ -885,6 +885,11 @@ func (a *Slot) close() error {
 		// The process's own connection (a static worker): drained here,
 		// before the store closes, so what was published is sent.
 		a.opts.CloseConn()
+	} else if a.nc != nil && !a.nc.IsConnected() {
+		// Cut off from NATS, a flush only waits out its bound: what this
+		// slot published and NATS never acked is not acked to the worker
+		// either, so its requests are redelivered.
+		a.log.Warn("not connected to NATS at shutdown; acks and results not yet sent are dropped (their requests are redelivered)")
 	} else if a.nc != nil {
 		// The member's connection: send what this slot published (acks,
 		// results) and leave it open for the member's other slots.
