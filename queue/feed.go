@@ -193,9 +193,9 @@ func (p *FeedPublisher) Close() {
 }
 
 // dial takes the feed's connection as it is now (FeedConn.get: dialled
-// again if it closed) for the round.
-func (p *FeedPublisher) dial() error {
-	nc, closed, err := p.conn.get()
+// again if it closed) for the round, waiting for a dial until ctx ends.
+func (p *FeedPublisher) dial(ctx context.Context) error {
+	nc, closed, err := p.conn.get(ctx)
 	if err != nil {
 		return err
 	}
@@ -352,7 +352,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
 	p.notOwned = nil // a no stands for one round; the next asks again (owned)
-	if err := p.dial(); err != nil {
+	if err := p.dial(ctx); err != nil {
 		return false, err
 	}
 	for _, sc := range p.st.Tenants() {
@@ -674,7 +674,7 @@ func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *sto
 // and how many of those it overwrote.
 func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (deleted, overwritten int, err error) {
 	if p.js == nil { // called outside a round (tests)
-		if err := p.dial(); err != nil {
+		if err := p.dial(ctx); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -41,7 +41,7 @@ func TestFeedRoundWithNoStreamStoresNothingLate(t *testing.T) {
 	}
 	// The stream appears as soon as the server has answered every first
 	// publish (a stream leader elected while the round waits).
-	if err := p.dial(); err != nil { // the feed's own connection, watched below
+	if err := p.dial(ctx); err != nil { // the feed's own connection, watched below
 		t.Fatal(err)
 	}
 	own := p.nc
@@ -174,6 +174,37 @@ func TestFeedPublishesOnAConnectionThatNeverReconnects(t *testing.T) {
 		t.Fatal("the feed published after the cut on the connection the cut closed")
 	}
 	checkStreamInOrder(t, ctx, s, 100)
+}
+
+// TestFeedDialLeavesWithItsContext: a server that takes the TCP connection
+// and never answers (paused, behind the frozen proxy) holds a dial of the
+// feed's connection for nats.go's Timeout per server, and nats.go's
+// Connect takes no context. A round, and so a slot that stops, does not
+// wait for it: the round ends with its context while the dial goes on by
+// itself, and once the server answers, a round dials and publishes.
+func TestFeedDialLeavesWithItsContext(t *testing.T) {
+	f := newProxiedFeed(t, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	putNodes(t, f.st, f.sc, 10)
+	if _, err := f.p.Round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.px.SetFrozen(true)
+	f.p.nc.Close() // the feed's connection is lost: the next round dials
+	putNodes(t, f.st, f.sc, 10)
+	rctx, rcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := f.p.Round(rctx)
+	rcancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a round whose dial hangs ended with %v, want its context's end", err)
+	}
+	f.px.SetFrozen(false)
+	testnats.Eventually(t, 30*time.Second, "a round once the server answers", func() bool {
+		more, err := f.p.Round(ctx)
+		return err == nil && !more
+	})
+	checkStreamInOrder(t, ctx, f.s, 20)
 }
 
 // checkStreamInOrder: the stream holds n changes, in ascending tx_time.

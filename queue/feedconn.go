@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"slices"
@@ -28,6 +29,7 @@ type FeedConn struct {
 	mu       sync.Mutex
 	nc       *nats.Conn
 	closed   chan struct{}
+	dialing  chan struct{} // closed when the dial in flight ends; nil when none is
 	done     bool
 	failErr  error // the last dial's failure, standing until failedAt+feedDialRetry
 	failedAt time.Time
@@ -44,18 +46,45 @@ func newFeedConn(nc *nats.Conn, ackWait time.Duration) *FeedConn {
 // get returns the open connection, dialled again if it closed; closed is
 // closed when it closes. A failed dial is the answer for a second: the
 // slots' feeds of a process cut off from NATS do not each wait out a
-// dial of their own, in turn, on every round.
-func (c *FeedConn) get() (nc *nats.Conn, closed <-chan struct{}, err error) {
+// dial of their own, in turn, on every round. The dial runs on its own,
+// outside the lock, and get waits for it only until ctx ends: a server
+// that takes the TCP connection and never answers holds a dial for
+// nats.go's Timeout per server, and a slot that stops must not wait for
+// it (nats.go's Connect takes no context).
+func (c *FeedConn) get(ctx context.Context) (nc *nats.Conn, closed <-chan struct{}, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.done:
-		return nil, nil, fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
-	case c.nc != nil && !c.nc.IsClosed():
-		return c.nc, c.closed, nil
-	case c.failErr != nil && time.Since(c.failedAt) < feedDialRetry:
-		return nil, nil, c.failErr
+	for {
+		switch {
+		case c.done:
+			c.mu.Unlock()
+			return nil, nil, fmt.Errorf("change feed: %w", nats.ErrConnectionClosed)
+		case c.nc != nil && !c.nc.IsClosed():
+			nc, closed = c.nc, c.closed
+			c.mu.Unlock()
+			return nc, closed, nil
+		case c.failErr != nil && time.Since(c.failedAt) < feedDialRetry:
+			err = c.failErr
+			c.mu.Unlock()
+			return nil, nil, err
+		}
+		if c.dialing == nil {
+			c.dialing = make(chan struct{})
+			go c.dial(c.dialing)
+		}
+		dialing := c.dialing
+		c.mu.Unlock()
+		select {
+		case <-dialing:
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("change feed: connect to NATS: %w", ctx.Err())
+		}
+		c.mu.Lock()
 	}
+}
+
+// dial dials the connection and closes done when it is set (or failed).
+// A dial that ends after Close closes what it opened.
+func (c *FeedConn) dial(done chan struct{}) {
 	o := c.tmpl.Opts
 	o.Servers, o.Url, o.NoRandomize = dialOrder(o.Url, o.Servers, c.tmpl.ConnectedUrl()), "", true
 	o.Name = strings.TrimSpace(o.Name + " change-feed")
@@ -66,12 +95,19 @@ func (c *FeedConn) get() (nc *nats.Conn, closed <-chan struct{}, err error) {
 	o.ClosedCB, o.NoCallbacksAfterClientClose = func(*nats.Conn) { close(ch) }, false
 	o.DisconnectedCB, o.DisconnectedErrCB, o.ReconnectedCB, o.ConnectedCB = nil, nil, nil, nil
 	o.DiscoveredServersCB, o.LameDuckModeHandler, o.ReconnectErrCB, o.AsyncErrorCB = nil, nil, nil, nil
-	if nc, err = o.Connect(); err != nil {
+	nc, err := o.Connect()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer close(done)
+	c.dialing = nil
+	switch {
+	case err != nil:
 		c.failErr, c.failedAt = fmt.Errorf("change feed: connect to NATS: %w", err), time.Now()
-		return nil, nil, c.failErr
+	case c.done:
+		nc.Close()
+	default:
+		c.nc, c.closed, c.failErr = nc, ch, nil
 	}
-	c.nc, c.closed, c.failErr = nc, ch, nil
-	return nc, ch, nil
 }
 
 // feedDialRetry: how long a failed dial of the feed's connection stands.
