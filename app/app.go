@@ -193,6 +193,18 @@ type natsConn struct {
 	closed chan struct{} // closed by the connection's ClosedHandler
 }
 
+// natsPingInterval and natsMaxPingsOut: a process's connection whose
+// server answers no ping for about 3 intervals (15 s) is stale and
+// reconnects to another server of --nats-url. A member's record expires
+// after --member-ttl (6 s) without renewal, so by then its slots have
+// moved; it rejoins within seconds of the reconnect instead of minutes.
+// A ping is a few bytes each way; 10 s of silence from a live server is
+// past any pause a loaded machine makes.
+const (
+	natsPingInterval = 5 * time.Second
+	natsMaxPingsOut  = 2
+)
+
 // dial connects to --nats-url, or starts the embedded server and connects
 // to it, and settles --stream-replicas 0 in cfg (resolveReplicas).
 func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error) {
@@ -201,6 +213,13 @@ func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error)
 		nats.Name("telha-cascade"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+		// A server paused (SIGSTOP, a frozen VM) or cut off behind a TCP
+		// connection still open is noticed only by unanswered pings:
+		// nats.go's default (every 2 minutes, 2 outstanding) kept a
+		// member on such a server, out of the group, for about 6 minutes
+		// while the others were up. See natsPingInterval.
+		nats.PingInterval(natsPingInterval),
+		nats.MaxPingsOutstanding(natsMaxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil { // our own close at shutdown
 				log.Info("nats connection closed")

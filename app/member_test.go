@@ -975,6 +975,48 @@ func TestMemberCutOffFromNATSExitsWithinTheGrace(t *testing.T) {
 	}
 }
 
+// TestMemberLeavesAPausedNATSServer: a member whose NATS server is paused
+// (SIGSTOP, a frozen VM: its TCP connection open, nothing answered; here
+// the proxy in front of it frozen) reconnects to another server of
+// --nats-url and serves again. With nats.go's default pings (every 2
+// minutes, 2 outstanding) it stayed on the paused server, out of the
+// group, for about 6 minutes while the other server was up.
+func TestMemberLeavesAPausedNATSServer(t *testing.T) {
+	ns := testnats.Start(t)
+	target := strings.TrimPrefix(ns.ClientURL(), "nats://")
+	p1, p2 := testnats.StartProxy(t, target), testnats.StartProxy(t, target)
+	// Two URLs of one server: --stream-replicas 1, or it would ask for 2.
+	a := startMemberOpts(t, p1.URL()+","+p2.URL(), "a", t.TempDir(), 1, Options{}, "--stream-replicas", "1")
+	a.settledOn(t, "a")
+	bus := newBus(t, ns)
+	v, _ := a.view()
+	_, tenant := ownedTenant(t, v, "a")
+	mustOK(t, bus.wait(bus.send(tenant, node(uuid.NewString()))))
+	on, other := p1, p2
+	if p1.Conns() == 0 {
+		on, other = p2, p1
+	}
+	if on.Conns() == 0 || other.Conns() != 0 {
+		t.Fatalf("a's connections: %d through one server, %d through the other; want them all through one", on.Conns(), other.Conns())
+	}
+
+	on.SetFrozen(true)
+	paused := time.Now()
+	// A put sent while a's server is paused is answered once a is back
+	// in the group through the other server (the change feed's own
+	// connection moves by itself, on its unanswered publishes: a's
+	// answer is what says the member's connection moved too).
+	id := bus.send(tenant, node(uuid.NewString()))
+	testnats.Eventually(t, 90*time.Second, "a put sent while a's server is paused is answered", func() bool {
+		bus.mu.Lock()
+		defer bus.mu.Unlock()
+		return len(bus.results[id]) > 0
+	})
+	t.Logf("a answered %s after its server was paused; the other server carries %d of its connections", time.Since(paused).Round(time.Millisecond), other.Conns())
+	mustOK(t, bus.wait(id))
+	a.settledOn(t, "a")
+}
+
 // TestReadsLeaveAFrozenOwner: an owner frozen as by SIGSTOP (its HTTP
 // accepts and never answers, its NATS link is gone) holds no read through
 // another member. An entity read is answered by the standby once the

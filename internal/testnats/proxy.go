@@ -35,6 +35,13 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	return p
 }
 
+// Conns is how many client connections the proxy carries now.
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) / 2
+}
+
 // URL is the proxy's NATS URL.
 func (p *Proxy) URL() string { return "nats://" + p.ln.Addr().String() }
 
@@ -82,8 +89,14 @@ func (p *Proxy) gate() {
 
 // copy forwards src to dst, chunk by chunk, each through the gate.
 func (p *Proxy) copy(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
+	defer func() {
+		dst.Close()
+		src.Close()
+		p.mu.Lock()
+		delete(p.conns, dst)
+		delete(p.conns, src)
+		p.mu.Unlock()
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
