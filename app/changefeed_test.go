@@ -309,8 +309,11 @@ func TestChangeFeedResyncFromTheListing(t *testing.T) {
 }
 
 // An erase is answered ahead of its tenant's feed backlog: the feed is
-// paced to 200 changes/s and 3,000 puts of the tenant wait behind it
-// (15 s). The erase's result comes while the backlog is still being
+// paced to 50 changes/s and 3,000 puts of the tenant wait behind it
+// (60 s). A round publishes up to 1,024 before it paces, so the backlog
+// lasts until about 40 s after the first put: the puts take 9 s to be
+// answered here under -race, and at 200/s (10 s) a loaded CI answered
+// them after the whole backlog was out. The erase's result comes while the backlog is still being
 // published (its own message is not on the feed yet), with the erased
 // node's put already gone from the feed; the erase is then published in
 // order, after every change committed before it, and every put of the
@@ -318,7 +321,7 @@ func TestChangeFeedResyncFromTheListing(t *testing.T) {
 // erase.
 func TestEraseIsAnsweredAheadOfItsFeedBacklog(t *testing.T) {
 	ns := testnats.Start(t)
-	startWorker(t, ns, t.TempDir(), Options{}, "--change-feed-max-rate", "200")
+	startWorker(t, ns, t.TempDir(), Options{}, "--change-feed-max-rate", "50")
 	b := newBus(t, ns)
 	const tenant, n = "slowfeed", 3000
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

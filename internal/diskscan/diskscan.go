@@ -2,6 +2,7 @@ package diskscan
 
 import (
 	"bytes"
+	"errors"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -9,14 +10,26 @@ import (
 )
 
 // FilesContaining returns the files under dir (paths relative to it) whose
-// bytes contain s.
+// bytes contain s. A file (or directory) deleted between the listing and
+// its read holds nothing any more and is skipped: a store scanned while
+// it runs deletes its obsolete files (Pebble's OPTIONS and tables) in the
+// background, and a CI run failed on an OPTIONS file gone so.
 func FilesContaining(dir, s string) ([]string, error) {
 	var hits []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p != dir {
+				return nil
+			}
 			return err
 		}
+		if d.IsDir() {
+			return nil
+		}
 		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
