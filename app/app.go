@@ -194,15 +194,19 @@ type natsConn struct {
 }
 
 // natsPingInterval and natsMaxPingsOut: a process's connection whose
-// server answers no ping for about 3 intervals (15 s) is stale and
-// reconnects to another server of --nats-url. A member's record expires
-// after --member-ttl (6 s) without renewal, so by then its slots have
-// moved; it rejoins within seconds of the reconnect instead of minutes.
-// A ping is a few bytes each way; 10 s of silence from a live server is
-// past any pause a loaded machine makes.
+// server leaves its pings unanswered is stale on the third tick without
+// an answer (10-15 s after the server stopped) and reconnects to another
+// server of --nats-url; natsFlusherTimeout: so is one whose socket write
+// blocks that long (a paused server that stopped reading; nats.go holds
+// the connection's lock meanwhile, for a minute by default). A member's
+// record expires after --member-ttl (6 s) without renewal, so by then its
+// slots have moved; it rejoins within seconds of the reconnect instead of
+// minutes. A ping is a few bytes each way; 10 s of silence from a live
+// server is past any pause a loaded machine makes.
 const (
-	natsPingInterval = 5 * time.Second
-	natsMaxPingsOut  = 2
+	natsPingInterval   = 5 * time.Second
+	natsMaxPingsOut    = 2
+	natsFlusherTimeout = 10 * time.Second
 )
 
 // dial connects to --nats-url, or starts the embedded server and connects
@@ -220,6 +224,7 @@ func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error)
 		// while the others were up. See natsPingInterval.
 		nats.PingInterval(natsPingInterval),
 		nats.MaxPingsOutstanding(natsMaxPingsOut),
+		nats.FlusherTimeout(natsFlusherTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil { // our own close at shutdown
 				log.Info("nats connection closed")

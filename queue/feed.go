@@ -221,8 +221,10 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 	case err := <-f.Err():
 		if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 			// Unanswered for the ack wait: its server may be paused or
-			// cut off while the TCP connection looks alive (pings notice
-			// it after minutes). Closed, the next round dials afresh.
+			// cut off while the TCP connection looks alive (the
+			// process's pings, which this connection shares, notice it
+			// after 10-15 s; with nats.go's defaults, minutes). Closed,
+			// the next round dials afresh.
 			p.conn.drop(p.nc)
 		}
 		return err

@@ -30,6 +30,7 @@ type FeedConn struct {
 	nc       *nats.Conn
 	closed   chan struct{}
 	dialing  chan struct{} // closed when the dial in flight ends; nil when none is
+	stop     chan struct{} // closed by Close: a wait for a dial ends
 	done     bool
 	failErr  error // the last dial's failure, standing until failedAt+feedDialRetry
 	failedAt time.Time
@@ -40,7 +41,7 @@ type FeedConn struct {
 func NewFeedConn(nc *nats.Conn) *FeedConn { return newFeedConn(nc, feedAckWait) }
 
 func newFeedConn(nc *nats.Conn, ackWait time.Duration) *FeedConn {
-	return &FeedConn{tmpl: nc, ackWait: ackWait}
+	return &FeedConn{tmpl: nc, ackWait: ackWait, stop: make(chan struct{})}
 }
 
 // get returns the open connection, dialled again if it closed; closed is
@@ -75,6 +76,7 @@ func (c *FeedConn) get(ctx context.Context) (nc *nats.Conn, closed <-chan struct
 		c.mu.Unlock()
 		select {
 		case <-dialing:
+		case <-c.stop:
 		case <-ctx.Done():
 			return nil, nil, fmt.Errorf("change feed: connect to NATS: %w", ctx.Err())
 		}
@@ -165,6 +167,9 @@ func (c *FeedConn) drop(nc *nats.Conn) {
 func (c *FeedConn) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.done {
+		close(c.stop)
+	}
 	c.done = true
 	if c.nc != nil {
 		c.nc.Close()

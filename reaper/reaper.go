@@ -478,7 +478,14 @@ func (s *Service) EraseFailure(e *storage.EraseEntry) (int, string) {
 // Stop stops the passes, stops appliers between chunks (their journals stay
 // durable; the next process resumes them), publishes what the outbox holds
 // one last time, and waits.
-func (s *Service) Stop() {
+func (s *Service) Stop() { s.stop(true) }
+
+// Halt is Stop without the outbox's last publish, for a process leaving
+// while NATS cannot answer (each result's publish would wait out
+// PublishTimeout): the rows stay for the next start, which publishes them.
+func (s *Service) Halt() { s.stop(false) }
+
+func (s *Service) stop(publish bool) {
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
@@ -492,6 +499,9 @@ func (s *Service) Stop() {
 		<-s.cron.Stop().Done()
 	}
 	s.wg.Wait()
+	if !publish {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
 	defer cancel()
 	if _, err := s.PublishOutbox(ctx); err != nil {

@@ -179,6 +179,9 @@ type Slot struct {
 	// resuming: the startup pass still resumes, in the background, journals
 	// a previous process left (a note on /readyz, not a reason).
 	resuming atomic.Bool
+	// drainLate: the drain outlasted --shutdown-grace; close waits on NATS
+	// for nothing more.
+	drainLate atomic.Bool
 }
 
 // HTTPAddr is the bound address of the HTTP server (useful with :0); ""
@@ -565,6 +568,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 			// Whatever is still held is unacked and comes back to the next
 			// worker; journals stay durable.
 			log.Error("drain outlasted --shutdown-grace; exiting with work in flight (it will be redelivered)", "grace", cfg.ShutdownGrace)
+			a.drainLate.Store(true)
 			return nil
 		}
 	}
@@ -851,6 +855,18 @@ func (a *Slot) Close() error { return a.close() }
 func (a *Slot) close() error {
 	var errs []error
 	fatal := a.store != nil && a.store.FatalErr() != nil
+	// Leaving cut off from NATS, or past the drain's grace with work in
+	// flight: the exit waits on NATS for nothing more (--shutdown-grace
+	// bounds it). The changelog appends in flight end unconfirmed (a
+	// restart replays the changelog), and the outbox's results wait for
+	// the next start; unacked requests are redelivered.
+	cutOff := a.nc != nil && !a.nc.IsConnected()
+	abandon := cutOff || a.drainLate.Load()
+	if abandon && a.store != nil && !fatal {
+		a.log.Warn("leaving without waiting on NATS: changelog appends in flight end unconfirmed, results in the outbox wait for the next start",
+			"connected", !cutOff, "drain_outlasted_grace", a.drainLate.Load())
+		a.store.AbortAppends()
+	}
 	// HTTP first: stop accepting, and cancel the readers' contexts so a
 	// read waiting for safe time or a journal (up to 30 s) answers now
 	// instead of holding the shutdown, or running on after the store
@@ -876,7 +892,11 @@ func (a *Slot) close() error {
 		// Before the store closes: a checkpoint running reads it.
 		a.changelog.stopCheckpoints(!fatal)
 	}
-	if a.reaper != nil && !fatal {
+	switch {
+	case a.reaper == nil || fatal:
+	case abandon:
+		a.reaper.Halt()
+	default:
 		// Appliers stop between chunks; their journals stay durable. The
 		// outbox is published one last time.
 		a.reaper.Stop()
@@ -885,11 +905,10 @@ func (a *Slot) close() error {
 		// The process's own connection (a static worker): drained here,
 		// before the store closes, so what was published is sent.
 		a.opts.CloseConn()
-	} else if a.nc != nil && !a.nc.IsConnected() {
-		// Cut off from NATS, a flush only waits out its bound: what this
-		// slot published and NATS never acked is not acked to the worker
-		// either, so its requests are redelivered.
-		a.log.Warn("not connected to NATS at shutdown; acks and results not yet sent are dropped (their requests are redelivered)")
+	} else if cutOff {
+		// A flush would only wait out its bound: what this slot published
+		// and NATS never acked is not acked to the worker either, so its
+		// requests are redelivered.
 	} else if a.nc != nil {
 		// The member's connection: send what this slot published (acks,
 		// results) and leave it open for the member's other slots.

@@ -110,7 +110,7 @@ func (s *Store) commitDurable(b *pebble.Batch) error {
 	if err := s.FatalErr(); err != nil {
 		return fmt.Errorf("%w: store stopped: %w", ErrStorage, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.durableTimeout)
+	ctx, cancel := context.WithTimeout(s.appends, s.durableTimeout)
 	// The repr is taken before the applied marker is added: the changelog
 	// carries the write-set only; a reader adds its own marker (ApplyTo).
 	seq, err := s.durable.Append(ctx, b.Repr())
@@ -129,6 +129,14 @@ func (s *Store) commitDurable(b *pebble.Batch) error {
 	}
 	return nil
 }
+
+// AbortAppends ends the changelog appends in flight at once, unconfirmed,
+// and every later one before it is sent: the store stops (its fatal
+// error; a restart replays the changelog, which may hold them or not).
+// For a slot leaving while its changelog cannot answer (cut off from
+// NATS, or past its drain's grace with work in flight): Close runs the
+// writes queued, and each would wait out the append's bound (20 s).
+func (s *Store) AbortAppends() { s.abortAppends() }
 
 // stop records err as the store's fatal error and returns it.
 func (s *Store) stop(err error) error {

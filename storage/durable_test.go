@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/batchrepr"
@@ -206,5 +207,53 @@ func TestNoDurableFsyncsAndWritesNoMarker(t *testing.T) {
 	}
 	if _, ok := appliedIn(t, s.Reader()); ok {
 		t.Fatal("applied sequence written without a Durable")
+	}
+}
+
+// stuckDurable is a changelog that takes appends and never answers (its
+// NATS server cut off or paused): each Append waits for its context.
+type stuckDurable struct{ logDurable }
+
+func (d *stuckDurable) Append(ctx context.Context, ws []byte) (uint64, error) {
+	if d.len() == 0 { // the format key at open goes through
+		return d.logDurable.Append(ctx, ws)
+	}
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// TestAbortAppendsEndsAnAppendInFlight: a slot leaving while its changelog
+// cannot answer ends the append in flight (and the writes queued behind
+// it) at once, rather than each waiting out its 20 s bound inside Close:
+// the write fails as a refused append does, the store stops, and Close
+// returns.
+func TestAbortAppendsEndsAnAppendInFlight(t *testing.T) {
+	s, _ := openDurable(t, t.TempDir(), &stuckDurable{})
+	sc := MustScope("acme")
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := s.PutNode(context.Background(), sc, NodeWrite{ID: uuid.New(), ValidFrom: NoTs, ValidTo: NoTs})
+			errs <- err
+		}()
+	}
+	s.AbortAppends()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, ErrStorage) {
+			t.Fatalf("a put whose append was aborted: %v, want ErrStorage", err)
+		}
+	}
+	if err := s.FatalErr(); !errors.Is(err, ErrFatal) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("the store's fatal error after an aborted append: %v", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(DefaultDurableTimeout / 2):
+		t.Fatal("Close still waits for an aborted append")
 	}
 }

@@ -108,9 +108,13 @@ type Store struct {
 
 	durable        Durable
 	durableTimeout time.Duration
-	copies         CopyScrubber
-	appended       atomic.Uint64 // the changelog sequence of the last Append (on the writer)
-	db             *pebble.DB    // OpenStore's Pebble (checkpoints); nil for OpenEngine
+	// appends: the parent of every Durable.Append's context; AbortAppends
+	// cancels it.
+	appends      context.Context
+	abortAppends context.CancelFunc
+	copies       CopyScrubber
+	appended     atomic.Uint64 // the changelog sequence of the last Append (on the writer)
+	db           *pebble.DB    // OpenStore's Pebble (checkpoints); nil for OpenEngine
 
 	failures    atomic.Int64 // consecutive failed durable commits
 	lastFailure atomic.Pointer[string]
@@ -197,6 +201,7 @@ func openEngine(eng Engine, opts Options, fatal *fatalState) (*Store, error) {
 	if s.durableTimeout <= 0 {
 		s.durableTimeout = DefaultDurableTimeout
 	}
+	s.appends, s.abortAppends = context.WithCancel(context.Background())
 	if err := s.checkFormat(); err != nil {
 		return nil, err
 	}
@@ -345,6 +350,7 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	defer s.abortAppends()
 	s.w.close()
 	if err := s.eng.Close(); err != nil {
 		return fmt.Errorf("%w: close: %w", ErrStorage, err)
