@@ -371,6 +371,9 @@ func (m *memberRun) run(ctx context.Context) (err error) {
 	stopping := ctx.Done()
 	for {
 		if handoff.Err() != nil {
+			if stopping != nil { // SIGTERM came during a round that outlasted the handoff
+				m.log.Info("member: SIGTERM: handing every slot off before exiting", "bound", m.cfg.ShutdownGrace/2)
+			}
 			m.log.Warn("member: the handoff outlasted --shutdown-grace; stopping the slots still owned (the others' claims fence them)")
 			return leave()
 		}
