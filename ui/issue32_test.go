@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -274,8 +275,14 @@ func TestJournalsPageETA(t *testing.T) {
 	prog.Observe(now.Add(-time.Second), []api.Journal{j})
 	j.EdgesDone = 5000
 	body = w.do(req{path: "/ui/journals"}).Body.String()
+	// The page adds its own look at the time it answers, a little after
+	// now (1,999/s on a loaded CI): about 2,000/s, not the age's 125/s.
 	m := cells.FindStringSubmatch(body)
-	if m == nil || m[1] != "2,000/s" || (m[2] != "3s" && m[2] != "2s") {
-		t.Fatalf("rate and ETA %q, want 2,000/s and 2-3s", m)
+	if m == nil {
+		t.Fatalf("no rate and ETA on the page:\n%s", body)
+	}
+	rate, err := strconv.ParseFloat(strings.TrimSuffix(strings.ReplaceAll(m[1], ",", ""), "/s"), 64)
+	if err != nil || rate < 1900 || rate > 2000 || (m[2] != "3s" && m[2] != "2s") {
+		t.Fatalf("rate and ETA %q, want about 2,000/s and 2-3s", m)
 	}
 }
