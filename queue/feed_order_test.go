@@ -166,10 +166,7 @@ func TestFeedPublishesOnAConnectionThatNeverReconnects(t *testing.T) {
 	testnats.Eventually(t, 10*time.Second, "the feed's connection closed by the cut", first.IsClosed)
 	px.SetCut(false)
 	putNodes(t, st, sc, 50)
-	testnats.Eventually(t, 30*time.Second, "a round after the cut", func() bool {
-		more, err := p.Round(ctx)
-		return err == nil && !more
-	})
+	roundsCatchUp(t, ctx, p, "a round after the cut")
 	if p.nc == first {
 		t.Fatal("the feed published after the cut on the connection the cut closed")
 	}
@@ -200,11 +197,18 @@ func TestFeedDialLeavesWithItsContext(t *testing.T) {
 		t.Fatalf("a round whose dial hangs ended with %v, want its context's end", err)
 	}
 	f.px.SetFrozen(false)
-	testnats.Eventually(t, 30*time.Second, "a round once the server answers", func() bool {
-		more, err := f.p.Round(ctx)
+	roundsCatchUp(t, ctx, f.p, "a round once the server answers")
+	checkStreamInOrder(t, ctx, f.s, 20)
+}
+
+// roundsCatchUp runs rounds until one stores every change and has none
+// left, within 30 s.
+func roundsCatchUp(t *testing.T, ctx context.Context, p *FeedPublisher, what string) {
+	t.Helper()
+	testnats.Eventually(t, 30*time.Second, what, func() bool {
+		more, err := p.Round(ctx)
 		return err == nil && !more
 	})
-	checkStreamInOrder(t, ctx, f.s, 20)
 }
 
 // checkStreamInOrder: the stream holds n changes, in ascending tx_time.
@@ -289,10 +293,7 @@ func TestFeedRedialsAfterAnUnansweredRound(t *testing.T) {
 		t.Fatal("the feed kept the connection whose publishes went unanswered")
 	}
 	px.SetFrozen(false)
-	testnats.Eventually(t, 30*time.Second, "a round after the pause", func() bool {
-		more, err := p.Round(ctx)
-		return err == nil && !more
-	})
+	roundsCatchUp(t, ctx, p, "a round after the pause")
 	if p.nc == first {
 		t.Fatal("the feed published after the pause on the connection it closed")
 	}
