@@ -40,15 +40,6 @@ import (
 
 // ---- helpers -------------------------------------------------------------
 
-// knownBug skips a test that demonstrates a bug in non-test code, unless
-// TELHA_KNOWN_BUGS is set (then it runs and fails until the bug is fixed).
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("TELHA_KNOWN_BUGS") == "" {
-		t.Skip("bug: " + what + " (set TELHA_KNOWN_BUGS=1 to run)")
-	}
-}
-
 // logBuf is a goroutine-safe log sink that can wait for a line.
 type logBuf struct {
 	mu      sync.Mutex
@@ -295,9 +286,9 @@ func TestSecurityWrongPasswordNeverReady(t *testing.T) {
 }
 
 // TestSecurityAuthFailureIsLogged: an operator must be able to tell from
-// the logs why a worker is not ready. A refused login shows up only as
-// "nats: connection closed" from the provisioning loop: nats.go reports the
-// server's "Authorization Violation" to no handler the worker installs.
+// the logs why a worker is not ready. nats.go reports the server's
+// "Authorization Violation" only to an error handler, which the worker
+// installs; without it the log said only "nats: connection closed".
 func TestSecurityAuthFailureIsLogged(t *testing.T) {
 	ns := userPassServer(t)
 	logs := newLogBuf()
@@ -306,7 +297,6 @@ func TestSecurityAuthFailureIsLogged(t *testing.T) {
 		t.Fatalf("no provisioning failure logged:\n%s", logs)
 	}
 	if !strings.Contains(strings.ToLower(logs.String()), "authorization") {
-		knownBug(t, "a NATS login refused for bad credentials is never logged as such: the worker logs only \"provisioning streams failed ... nats: connection closed\"")
 		t.Fatalf("the refused login is not in the logs:\n%s", logs)
 	}
 }
@@ -315,11 +305,12 @@ func TestSecurityAuthFailureIsLogged(t *testing.T) {
 // forever (MaxReconnects(-1), RetryOnFailedConnect, the provisioning loop)
 // so that it survives an external cluster that is not ready yet. A refused
 // login is the same situation during a credential rotation (the worker's
-// new password is deployed before the server's). But nats.go closes the
+// new password is deployed before the server's). nats.go closes the
 // connection for good after an authorization error unless
-// nats.IgnoreAuthErrorAbort() is set, so the worker spins on a closed
-// connection for ever: never ready, /healthz 200 (no restart), and it does
-// not recover when the server starts accepting its credentials.
+// nats.IgnoreAuthErrorAbort() is set (the worker sets it): without it the
+// worker would spin on a closed connection for ever, never ready, /healthz
+// 200 (no restart), and not recover once the server accepts its
+// credentials.
 func TestSecurityRecoversWhenCredentialsBecomeValid(t *testing.T) {
 	ns := userPassServer(t)
 	logs := newLogBuf()
@@ -338,10 +329,7 @@ func TestSecurityRecoversWhenCredentialsBecomeValid(t *testing.T) {
 	} else {
 		nc.Close()
 	}
-	const closedForGood = "after a refused NATS login the worker keeps a closed nats.Conn for ever (nats.go aborts on auth errors without nats.IgnoreAuthErrorAbort): it never gets ready, never exits, and does not recover once the credentials are accepted"
-	if strings.Contains(logs.String(), "nats: connection closed") {
-		knownBug(t, closedForGood) // skip now rather than after 30s
-	}
+	const closedForGood = "after a refused NATS login the worker must not keep a closed nats.Conn for ever (nats.go aborts on auth errors without nats.IgnoreAuthErrorAbort)"
 	select {
 	case <-l.ready:
 	case <-l.exited:
@@ -350,7 +338,7 @@ func TestSecurityRecoversWhenCredentialsBecomeValid(t *testing.T) {
 			t.Fatal("the worker exited cleanly without ever being ready")
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("not ready 30s after the server accepted the credentials; logs:\n%s", logs)
+		t.Fatalf("not ready 30s after the server accepted the credentials (%s); logs:\n%s", closedForGood, logs)
 	}
 }
 

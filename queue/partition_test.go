@@ -257,7 +257,6 @@ func TestProvisionKeepsInstalledPartitionCount(t *testing.T) {
 	}
 	dest := info.Config.SubjectTransform.Destination
 	if !strings.Contains(dest, "partition(7,1)") {
-		knownBug(t, "queue.Provision (CreateOrUpdateStream) silently changes the installed partition count P of TELHA_REQ when a worker starts with another --partitions")
 		t.Fatalf("after a worker with --partitions 4 provisioned (err %v), TELHA_REQ's transform is %q", perr, dest)
 	}
 	if perr == nil {

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"encoding/json"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -20,15 +19,6 @@ const (
 	tSrc = "0b6f3c9a-2f0e-4b8e-9d3a-3f2b1c0d9e8f"
 	tDst = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
 )
-
-// knownBug skips a test that demonstrates a bug in non-test code, unless
-// TELHA_KNOWN_BUGS is set (then it runs and fails until the bug is fixed).
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("TELHA_KNOWN_BUGS") == "" {
-		t.Skip("bug: " + what + " (set TELHA_KNOWN_BUGS=1 to run)")
-	}
-}
 
 // body builds a request body: the base fields of op plus kv (a nil value
 // deletes a base field; json.RawMessage values are written as given).
@@ -343,13 +333,12 @@ func TestDecodeRequestRejectCarriesWhatItRead(t *testing.T) {
 	}
 }
 
-// TestDecodeRequestDecodeRejectLosesRequestID documents that a request
-// which is well-formed JSON but fails the wire shape (the motivating case of
-// DisallowUnknownFields: a mistyped "valid_end") is answered without its
-// request_id, so a publisher waiting for the result of its request id never
-// sees it. peekRequest can read it; the worker only uses it for partition
-// errors.
-func TestDecodeRequestDecodeRejectLosesRequestID(t *testing.T) {
+// TestDecodeRequestDecodeRejectKeepsRequestID: a request that is
+// well-formed JSON but fails the wire shape (the motivating case of
+// DisallowUnknownFields: a mistyped "valid_end") is answered with its
+// request_id, so the publisher waiting for the result of its request id
+// sees it.
+func TestDecodeRequestDecodeRejectKeepsRequestID(t *testing.T) {
 	_, rej := DecodeRequest([]byte(body("tombstone_node", "request_id", "typo-1", "valid_ned", "2020-01-01T00:00:00Z")), "acme")
 	if rej == nil || rej.Reason != ReasonDecode {
 		t.Fatalf("reject %+v", rej)
@@ -358,18 +347,16 @@ func TestDecodeRequestDecodeRejectLosesRequestID(t *testing.T) {
 		t.Fatalf("peekRequest read %q", id)
 	}
 	if rej.RequestID != "typo-1" {
-		knownBug(t, "a decode-rejected request (unknown field, wrong type) gets an invalid result with an empty request_id although the request_id is readable; "+
-			"queue.DecodeRequest returns before filling Reject.RequestID/Op/ID and Worker.apply only calls peekRequest for partition errors")
 		t.Fatalf("decode reject %+v: the invalid result cannot be matched to request typo-1", rej)
 	}
 }
 
-// TestDecodeRequestKeyCaseAndDuplicates documents encoding/json's matching:
-// keys match case-insensitively and the last duplicate wins, so
-// {"op":"put_node","OP":"tombstone_node"} is a tombstone_node, while a
-// gateway or audit log using another JSON parser (first wins, or exact
+// TestDecodeRequestKeyCaseAndDuplicates: encoding/json alone matches keys
+// case-insensitively and lets the last duplicate win, so
+// {"op":"put_node","OP":"tombstone_node"} would be a tombstone_node, while
+// a gateway or audit log using another JSON parser (first wins, or exact
 // keys) reads a put_node. CONTRACT §5 fixes the field names; the decoder
-// should refuse keys that are not exactly them, and duplicates.
+// refuses keys that are not exactly them, and duplicates.
 func TestDecodeRequestKeyCaseAndDuplicates(t *testing.T) {
 	dup := `{"request_id":"r","op":"put_node","tenant":"acme","id":"` + tID + `","OP":"tombstone_node"}`
 	r, rej := DecodeRequest([]byte(dup), "acme")
@@ -378,7 +365,6 @@ func TestDecodeRequestKeyCaseAndDuplicates(t *testing.T) {
 	sameKey := `{"request_id":"r","op":"put_node","tenant":"acme","id":"` + tID + `","id":"` + tSrc + `"}`
 	_, rej3 := DecodeRequest([]byte(sameKey), "acme")
 	if rej == nil || rej2 == nil || rej3 == nil {
-		knownBug(t, "DecodeRequest accepts JSON keys that differ from the wire names only by case, and duplicate keys (last wins): a parser differential")
 		t.Fatalf("accepted: duplicate op key -> %v (%v); case-folded keys -> %v; duplicate id -> %v", r.Op, rej, rej2, rej3)
 	}
 }
@@ -396,7 +382,6 @@ func TestDecodeRequestTimesOutsideRFC3339Years(t *testing.T) {
 		}
 		out := r.ValidFrom.Time().Format(storage.TimeLayout)
 		if _, err := storage.ParseTs(out); err != nil {
-			knownBug(t, "DecodeRequest accepts RFC 3339 times whose UTC form lies outside years 0000-9999 (e.g. 9999-12-31T23:59:59-23:59); they are stored and printed as non-RFC 3339 \""+out+"\"")
 			t.Fatalf("valid_from %q decoded to %s, which is not RFC 3339: %v", s, out, err)
 		}
 	}
