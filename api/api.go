@@ -109,7 +109,11 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s is not allowed on %s (allowed: GET, HEAD)", r.Method, r.URL.Path))
 			return
 		}
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, storage.QuoteShort(r.URL.Path)))
+		hint := ""
+		if len(r.URL.Path) > 1 && strings.HasSuffix(r.URL.Path, "/") && routeMatches(strings.TrimSuffix(r.URL.Path, "/"), opts) {
+			hint = " (the API's paths end without a slash)"
+		}
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s%s", r.Method, storage.QuoteShort(r.URL.Path), hint))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		began := time.Now()
@@ -219,7 +223,10 @@ func routeMatches(path string, opts Options) bool {
 	if opts.ReadAPI {
 		routes = append(routes, readRoutes...)
 	}
-	segs := strings.Split(strings.Trim(path, "/"), "/")
+	// Only the leading slash is trimmed: a trailing one is an empty last
+	// segment, which no route has (the mux answers no path ending in "/"
+	// but "/" itself), so such a path is 404, never 405.
+	segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	for _, r := range routes {
 		rs := strings.Split(strings.Trim(r, "/"), "/")
 		if len(rs) != len(segs) {
@@ -227,7 +234,7 @@ func routeMatches(path string, opts Options) bool {
 		}
 		ok := true
 		for i := range rs {
-			if rs[i] != "*" && rs[i] != segs[i] {
+			if segs[i] == "" || rs[i] != "*" && rs[i] != segs[i] {
 				ok = false
 				break
 			}
@@ -629,14 +636,14 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dir := storage.DirBoth
-	if ds := r.URL.Query()["dir"]; len(ds) > 1 {
-		s.fail(w, bad("dir given %d times", len(ds)))
-		return
-	}
-	if d := r.URL.Query().Get("dir"); d != "" {
+	if ds, given := r.URL.Query()["dir"]; given {
+		if len(ds) > 1 {
+			s.fail(w, bad("dir given %d times", len(ds)))
+			return
+		}
 		var ok bool
-		if dir, ok = storage.ParseDirection(d); !ok {
-			s.fail(w, bad("dir %s must be out, in or both", storage.QuoteShort(d)))
+		if dir, ok = storage.ParseDirection(ds[0]); !ok {
+			s.fail(w, bad("dir %s must be out, in or both", storage.QuoteShort(ds[0])))
 			return
 		}
 	}

@@ -460,6 +460,12 @@ func TestNotFoundAndErrorBodies(t *testing.T) {
 		{"/v1/tenants/acme/requests/r1?tx=2020-01-01T00:00:00Z", 400},
 		{"/v1/journals?tenant=acme", 400},
 		{"/v1/tenants/acme/nodes/" + n.String() + "/edges?dir=out&limit=5", 200},
+		{"/v1/tenants/acme/nodes/" + n.String() + "/edges?dir=", 400},
+		// A trailing slash names no route: 404, not 405 (GET is allowed).
+		{"/v1/tenants/acme/nodes/" + n.String() + "/", 404},
+		{"/v1/tenants/acme/nodes/", 404},
+		{"/v1/tenants/acme/nodes/" + n.String() + "/history/", 404},
+		{"/v1/journals/", 404},
 	} {
 		r := e.get(c.path)
 		var body map[string]json.RawMessage

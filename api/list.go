@@ -27,6 +27,13 @@ func listParams(r *http.Request) (*http.Request, error) {
 			if _, both := q[p[1]]; both {
 				return nil, bad("%s and %s name the same coordinate: give one", p[0], p[1])
 			}
+			// Checked under the name the client gave, so the error names it.
+			if len(vs) != 1 {
+				return nil, bad("%s given %d times", p[0], len(vs))
+			}
+			if _, err := storage.ParseTs(vs[0]); err != nil {
+				return nil, bad("%s: %v", p[0], err)
+			}
 			q[p[1]] = vs
 			delete(q, p[0])
 			changed = true

@@ -167,6 +167,16 @@ func TestRoutingAnswers(t *testing.T) {
 		}
 	}
 	e.getJSON("/v1/tenants//nodes/"+uuid.NewString(), 400, nil)
+	// A listing's coordinates are named as the client gave them.
+	for _, name := range []string{"as_of_tx", "as_of_valid"} {
+		r := e.get("/v1/tenants/acme/nodes?" + name + "=bogus")
+		if r.code != 400 || !strings.Contains(string(r.body), name+":") {
+			t.Errorf("%s=bogus: %d %s, want 400 naming %s", name, r.code, r.body, name)
+		}
+	}
+	if r := e.get("/v1/journals/"); r.code != 404 || !strings.Contains(string(r.body), "without a slash") {
+		t.Errorf("GET /v1/journals/: %d %s, want 404 with a hint", r.code, r.body)
+	}
 	e.getJSON("/v1/nowhere", 404, nil)
 	long := strings.Repeat("9", 8<<10)
 	r := e.get("/v1/tenants/acme/nodes/" + uuid.NewString() + "?tx=" + long)

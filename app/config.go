@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -337,7 +338,15 @@ func (c *Config) validate() []error {
 	}
 	if c.HTTPAddr == "" {
 		bad("--http-addr must not be empty")
+	} else if err := checkListenAddr(c.HTTPAddr); err != nil {
+		bad("--http-addr: %v", err)
 	}
+	if c.APIAddr != "" && c.APIAddr != "off" {
+		if err := checkListenAddr(c.APIAddr); err != nil {
+			bad("--api-addr: %v", err)
+		}
+	}
+	errs = append(errs, c.validateMemberRanges()...)
 	errs = append(errs, c.validateChangelog()...)
 	switch {
 	case c.Auth != "auto" && c.Auth != "tokens" && c.Auth != "off":
@@ -443,4 +452,18 @@ func (c *Config) ResolveReplicas(servers int) (int, string) {
 	}
 	c.StreamReplicas = min(max(servers, 1), 3)
 	return c.StreamReplicas, fmt.Sprintf("--stream-replicas 0 (auto): %d NATS server(s) known, at most 3", servers)
+}
+
+// checkListenAddr refuses an address a listener could never take
+// ("nonsense", "host:port:x", a port out of 0-65535), so that it exits 2
+// with usage rather than 1 once the listener fails.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port or :port: %w", addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q: the port must be a number from 0 to 65535", addr)
+	}
+	return nil
 }

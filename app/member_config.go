@@ -76,6 +76,24 @@ func atoiStrict(s string) (int, error) {
 	return n, nil
 }
 
+// validateMemberRanges checks the dynamic mode's numbers in every mode: a
+// value out of range is a mistake whether or not this start uses it (a
+// static worker given --standbys 9 would take it the day it turns dynamic).
+func (c *Config) validateMemberRanges() []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Member.Standbys < 0 || c.Member.Standbys > 4 {
+		bad("--standbys must be between 0 and 4, got %d", c.Member.Standbys)
+	}
+	if c.Member.TTL < time.Second || c.Member.TTL > 10*time.Minute {
+		bad("--member-ttl must be between 1s and 10m, got %s", c.Member.TTL)
+	}
+	if c.Member.ForwardWait < 0 || c.Member.ForwardWait > time.Minute {
+		bad("--forward-wait must be between 0 and 1m, got %s", c.Member.ForwardWait)
+	}
+	return errs
+}
+
 func (c *Config) validateDynamic() []error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -93,15 +111,6 @@ func (c *Config) validateDynamic() []error {
 	}
 	if err := member.ValidID(c.Member.ID); err != nil {
 		bad("--member-id: %v", err)
-	}
-	if c.Member.Standbys < 0 || c.Member.Standbys > 4 {
-		bad("--standbys must be between 0 and 4, got %d", c.Member.Standbys)
-	}
-	if c.Member.TTL < time.Second || c.Member.TTL > 10*time.Minute {
-		bad("--member-ttl must be between 1s and 10m, got %s", c.Member.TTL)
-	}
-	if c.Member.ForwardWait < 0 || c.Member.ForwardWait > time.Minute {
-		bad("--forward-wait must be between 0 and 1m, got %s", c.Member.ForwardWait)
 	}
 	if c.APIAddr != "" {
 		bad("--api-addr is not supported with --partition-owner dynamic: the read API is on --http-addr")

@@ -71,6 +71,16 @@ func TestBadFlagsExit2WithUsage(t *testing.T) {
 		{"dynamic ttl too short", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--member-ttl", "10ms"}, nil},
 		{"dynamic standbys", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--standbys", "9"}, nil},
 		{"dynamic advertise url", []string{"--partition-owner", "dynamic", "--nats-url", "nats://x:1", "--changelog", "jetstream", "--advertise-url", "host:80"}, nil},
+		// The dynamic mode's ranges hold in every mode, and an address no
+		// listener can take is a bad value, not a failed start (exit 1).
+		{"static standbys", []string{"--standbys", "9"}, nil},
+		{"static negative standbys", []string{"--standbys", "-1"}, nil},
+		{"static ttl zero", []string{"--member-ttl", "0s"}, nil},
+		{"static ttl an hour", []string{"--member-ttl", "1h"}, nil},
+		{"static forward wait", []string{"--forward-wait", "-1s"}, nil},
+		{"http addr without a port", []string{"--http-addr", "nonsense"}, nil},
+		{"http addr port out of range", []string{"--http-addr", ":70000"}, nil},
+		{"api addr without a port", []string{"--api-addr", "nonsense"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
