@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue/client"
+	"github.com/telha/telha-cascade/storage"
 )
 
 // TestPauseSurvivesProvision (issue 23 item 12): a replica's consumer
@@ -61,5 +63,62 @@ func TestPauseSurvivesProvision(t *testing.T) {
 	}
 	if _, err := client.PauseConsumer(ctx, js, c.ReqStream, "telha-worker-9", time.Time{}); err == nil {
 		t.Fatal("pausing a consumer that does not exist: no error")
+	}
+}
+
+// TestRefreshNeverUndoesAResume: the stats refresh reads the consumer's
+// pause from the server; one that read it before a Resume (or Pause)
+// reached the server and noted it after must not put the old state back
+// (the status page showed "paused" right after its resume said
+// "consuming"). Refreshes race each Pause and Resume; once both are done,
+// the state is the last call's.
+func TestRefreshNeverUndoesAResume(t *testing.T) {
+	ns := testnats.Start(t)
+	nc := testnats.Connect(t, ns.ClientURL())
+	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	w, err := New(nc, cascade.New(st, cascade.Options{}), Config{}, Hooks{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := w.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := w.RefreshStats(ctx); err != nil {
+					t.Errorf("refresh: %v", err)
+					return
+				}
+			}
+		}()
+		pause := i%2 == 0
+		if pause {
+			_, err = w.Pause(ctx, time.Time{}, "test")
+		} else {
+			_, err = w.Resume(ctx, "test")
+		}
+		close(stop)
+		<-done
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.PauseState().Paused; got != pause {
+			t.Fatalf("round %d: after %s and the refreshes beside it, paused %t", i, map[bool]string{true: "Pause", false: "Resume"}[pause], got)
+		}
 	}
 }

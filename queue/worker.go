@@ -72,6 +72,11 @@ type Worker struct {
 	loop  atomic.Pointer[consumeLoop]
 	stats atomic.Pointer[ConsumerStats]
 	pause atomic.Pointer[client.PauseState]
+	// pauseMu and pauseGen keep a refresh from noting a pause state read
+	// before a Pause or Resume over the state that call set (the status
+	// page showed "paused" right after its resume said "consuming").
+	pauseMu  sync.Mutex
+	pauseGen uint64 // under pauseMu; moved by Pause and Resume before and after
 }
 
 // New returns a worker over an open NATS connection and cascade engine.
@@ -114,12 +119,17 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 	if w.cons == nil {
 		return errors.New("not provisioned")
 	}
+	gen := w.pauseChange()
 	info, err := w.cons.Info(ctx)
 	if err != nil {
 		return err
 	}
 	st := &ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()}
-	w.notePause(client.PauseOf(info), "")
+	w.pauseMu.Lock()
+	if w.pauseGen == gen { // no Pause or Resume began since the read
+		w.notePause(client.PauseOf(info), "")
+	}
+	w.pauseMu.Unlock()
 	if st.Pending > 0 || st.AckPending > 0 {
 		if st.Oldest, err = w.oldestPending(ctx, info); err != nil {
 			w.log.Debug("oldest pending request not read", "err", err)
