@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
@@ -74,16 +75,8 @@ func TestPauseSurvivesProvision(t *testing.T) {
 // the state is the last call's.
 func TestRefreshNeverUndoesAResume(t *testing.T) {
 	ns := testnats.Start(t)
-	nc := testnats.Connect(t, ns.ClientURL())
-	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	w, err := New(nc, cascade.New(st, cascade.Options{}), Config{}, Hooks{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := newStoreWorker(t, testnats.Connect(t, ns.ClientURL()), Config{})
+	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := w.Provision(ctx); err != nil {
@@ -121,4 +114,20 @@ func TestRefreshNeverUndoesAResume(t *testing.T) {
 			t.Fatalf("round %d: after %s and the refreshes beside it, paused %t", i, map[bool]string{true: "Pause", false: "Resume"}[pause], got)
 		}
 	}
+}
+
+// newStoreWorker is a worker on nc and a store of its own, neither
+// provisioned nor running.
+func newStoreWorker(t *testing.T, nc *nats.Conn, cfg Config) *Worker {
+	t.Helper()
+	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	w, err := New(nc, cascade.New(st, cascade.Options{}), cfg, Hooks{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

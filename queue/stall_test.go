@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue/client"
-	"github.com/telha/telha-cascade/storage"
 )
 
 func TestStalledNeedsTwoSilentLooksWithWorkWaiting(t *testing.T) {
@@ -53,16 +51,7 @@ func TestStalledNeedsTwoSilentLooksWithWorkWaiting(t *testing.T) {
 func TestStallWatchRestartsASilentPull(t *testing.T) {
 	ns := testnats.Start(t)
 	nc := testnats.Connect(t, ns.ClientURL())
-	st, err := storage.OpenStore(t.TempDir(), storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	ops := cascade.New(st, cascade.Options{})
-	w, err := New(nc, ops, Config{StallCheck: 100 * time.Millisecond}, Hooks{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := newStoreWorker(t, nc, Config{StallCheck: 100 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := w.Provision(ctx); err != nil {
