@@ -312,14 +312,13 @@ func TestChangelogZombieIsFenced(t *testing.T) {
 	// up (the feed saves its cursors within 500 ms of a commit) makes the
 	// replacement's claim lose: it exits, fenced, and its restart claims
 	// (a race this test does not look at).
-	old := startWorker(t, ns, t.TempDir(), Options{}, append(flags, "--change-feed=false")...)
+	oldDir := t.TempDir()
+	old := startWorker(t, ns, oldDir, Options{}, append(flags, "--change-feed=false")...)
 	b := newBus(t, ns)
 	a := &acked{tenant: "zombie"}
 	for range 3 {
 		a.ok(t, b, node(uuid.NewString()))
 	}
-	// Not closed by the test: after a fatal error the worker leaves its
-	// store open for the process exit (its reaper may still read it).
 	oldStore := old.app.Store()
 
 	repl := startWorker(t, ns, t.TempDir(), Options{}, flags...)
@@ -348,7 +347,14 @@ func TestChangelogZombieIsFenced(t *testing.T) {
 			t.Fatalf("request %s not on the replacement: %d", rid, code)
 		}
 	}
-	applied, err := partition.AppliedSeq(oldStore.DB())
+	// The fenced store was closed when its worker stopped (a member runs
+	// the slot again in the same process): its directory opens again.
+	reopened, err := storage.OpenStore(filepath.Join(oldDir, "pebble"), storage.Options{})
+	if err != nil {
+		t.Fatalf("the fenced store's directory after its run ended: %v", err)
+	}
+	defer reopened.Close()
+	applied, err := partition.AppliedSeq(reopened.DB())
 	if err != nil {
 		t.Fatal(err)
 	}

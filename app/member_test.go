@@ -19,7 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/member"
@@ -1336,5 +1339,63 @@ func TestReaderReadsAtTheOwner(t *testing.T) {
 	}
 	if st := r2.Stats(); st.FellBack != 1 {
 		t.Fatalf("the reader's reads: %+v, want the one after m1 left fallen back to Base", st)
+	}
+}
+
+// TestAFencedSlotRunsAgainInTheSameMember: a slot whose changelog append is
+// refused (another writer appended: what a member paused past its TTL
+// meets when it continues) stops alone, and the member's next round runs
+// it again in the same process: it catches up, claims, and answers. Before,
+// the stopped slot kept its Pebble open, so every later run of that slot
+// in the member, as owner or standby, failed "lock held by current
+// process" until the process exited (a black-box probe saw two slots
+// without a serving owner for 5 minutes).
+func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) {
+	ns := testnats.Start(t)
+	var runs atomic.Int32 // slot runs that served, of both slots
+	a := startMemberOpts(t, ns.ClientURL(), "a", t.TempDir(), 1, Options{OnReady: func(*slot.Slot) { runs.Add(1) }}, "--ack-wait", "2s")
+	v := a.settledOn(t, "a")
+	s, tenant := ownedTenant(t, v, "a")
+	bus := newBus(t, ns)
+	mustOK(t, bus.wait(bus.send(tenant, node(uuid.NewString()))))
+
+	// Another writer appends to the slot's changelog: the slot's next
+	// commit is refused (fenced). A log-data write-set changes no key.
+	js, err := jetstream.New(testnats.Connect(t, ns.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := slot.Config{Owner: queue.Owner{Index: s, Count: 2}, StreamReplicas: 1}
+	other, err := partition.Open(ctx, js, cfg.ChangelogConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb := db.NewBatch()
+	if err := wb.LogData([]byte("another writer"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Append(ctx, wb.Repr()); err != nil {
+		t.Fatal(err)
+	}
+	_ = wb.Close()
+	_ = db.Close()
+
+	// The first put after it meets the fence (its slot stops); it and the
+	// next are answered by the slot's next run in the same member.
+	for i := range 2 {
+		rid := bus.send(tenant, node(uuid.NewString()))
+		res := bus.wait(rid)
+		if res.Status != "ok" {
+			t.Fatalf("put %d after the fence: %+v", i, res)
+		}
+	}
+	if n := runs.Load(); n < 3 {
+		t.Fatalf("%d slot runs served, want a third (the fenced slot's next run): the fence was never met", n)
 	}
 }

@@ -179,6 +179,10 @@ type Slot struct {
 	// resuming: the startup pass still resumes, in the background, journals
 	// a previous process left (a note on /readyz, not a reason).
 	resuming atomic.Bool
+	// workerLeft: Run returned on a fatal storage error with the worker
+	// still running (Pebble failed, or it did not stop within
+	// fatalStopWait): close leaves the store open for the process's exit.
+	workerLeft atomic.Bool
 	// drainLate: the drain outlasted --shutdown-grace; close waits on NATS
 	// for nothing more.
 	drainLate atomic.Bool
@@ -558,7 +562,24 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 			log.Info("stopped consuming; shutting down")
 			return nil
 		case <-st.Fatal():
-			// The worker may be parked on the writer for good: do not wait.
+			if st.Parked() {
+				// Pebble failed: the worker may be parked on the writer
+				// for good. Do not wait; the store stays open.
+				a.workerLeft.Store(true)
+				return st.FatalErr()
+			}
+			// The store stopped on its own decision (fenced, an append
+			// unconfirmed): every commit is refused at once, so the
+			// worker's drain ends soon. Wait for it, bounded, so that
+			// close can release the store and the slot can run again in
+			// this process (a member's next round).
+			stopWork()
+			select {
+			case <-done:
+			case <-time.After(fatalStopWait):
+				a.workerLeft.Store(true)
+				log.Error("the worker did not stop after the store did; the store stays open until the process exits", "waited", fatalStopWait)
+			}
 			return st.FatalErr()
 		case <-stopping:
 			log.Info("draining: finishing the requests held, then stopping", "grace", cfg.ShutdownGrace)
@@ -852,9 +873,16 @@ func (a *Slot) setPhase(p string) {
 // Close releases a slot New built and Run never ran (its listeners).
 func (a *Slot) Close() error { return a.close() }
 
+// fatalStopWait bounds how long a slot whose store stopped (not parked)
+// waits for its worker, and then for its reaper, before it closes the
+// store; past it the store is left open for the process's exit.
+const fatalStopWait = 10 * time.Second
+
 func (a *Slot) close() error {
 	var errs []error
 	fatal := a.store != nil && a.store.FatalErr() != nil
+	// parked: Pebble itself failed; nothing may touch the engine again.
+	parked := fatal && a.store.Parked()
 	// Leaving cut off from NATS, or past the drain's grace with work in
 	// flight: the exit waits on NATS for nothing more (--shutdown-grace
 	// bounds it). The changelog appends in flight end unconfirmed (a
@@ -890,10 +918,25 @@ func (a *Slot) close() error {
 	}
 	if a.changelog != nil {
 		// Before the store closes: a checkpoint running reads it.
-		a.changelog.stopCheckpoints(!fatal)
+		a.changelog.stopCheckpoints(!parked)
 	}
+	reaperStopped := true
 	switch {
-	case a.reaper == nil || fatal:
+	case a.reaper == nil:
+	case parked:
+		reaperStopped = false
+	case fatal:
+		// The store refuses every commit: the appliers end at their next
+		// one. No last publish (the next run's reaper publishes the
+		// outbox). Bounded: the store is closed only once they are out.
+		halted := make(chan struct{})
+		go func() { a.reaper.Halt(); close(halted) }()
+		select {
+		case <-halted:
+		case <-time.After(fatalStopWait):
+			reaperStopped = false
+			a.log.Error("the reaper did not stop after the store did; the store stays open until the process exits", "waited", fatalStopWait)
+		}
 	case abandon:
 		a.reaper.Halt()
 	default:
@@ -916,8 +959,12 @@ func (a *Slot) close() error {
 			a.log.Warn("flushing the member's NATS connection", "err", err)
 		}
 	}
-	if a.store != nil && !fatal && handlersDone {
-		if err := a.store.Close(); err != nil {
+	// A store that stopped on its own decision (fenced) is closed like any
+	// other once its worker and reaper are out, releasing its directory:
+	// before, a member whose slot was fenced held the slot's Pebble lock
+	// until it exited, and could neither own nor tail that slot again.
+	if a.store != nil && !parked && handlersDone && reaperStopped && !a.workerLeft.Load() {
+		if err := a.store.Close(); err != nil && !fatal {
 			errs = append(errs, err)
 		}
 	}

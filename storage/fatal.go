@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrFatal: Pebble hit an error it cannot continue after (a failed WAL or
@@ -15,9 +16,10 @@ import (
 var ErrFatal = errors.New("fatal storage error")
 
 type fatalState struct {
-	once sync.Once
-	ch   chan struct{}
-	err  error
+	once   sync.Once
+	ch     chan struct{}
+	err    error
+	parked atomic.Bool // raise parked a goroutine: Pebble itself failed
 }
 
 func newFatalState() *fatalState { return &fatalState{ch: make(chan struct{})} }
@@ -27,6 +29,7 @@ func newFatalState() *fatalState { return &fatalState{ch: make(chan struct{})} }
 // or the writer's inside a commit) parks for good: the process is about
 // to stop, and nothing that goroutine would do next is safe.
 func (f *fatalState) raise(msg string) {
+	f.parked.Store(true)
 	f.once.Do(func() {
 		f.err = fmt.Errorf("%w: %s", ErrFatal, msg)
 		close(f.ch)
@@ -48,6 +51,15 @@ func (f *fatalState) fail(err error) {
 // Fatal returns a channel closed when the store hits a fatal error; FatalErr
 // then says which (wrapping ErrFatal).
 func (s *Store) Fatal() <-chan struct{} { return s.fatal.ch }
+
+// Parked reports whether Pebble itself failed (its fatal handler parked
+// the goroutine that hit it, possibly the writer inside a commit): the
+// engine must not be closed or used again, and only the process's exit
+// releases its directory. A store that stopped on its own decision (a
+// fenced or unconfirmed changelog append, AbortAppends, Stop) is not
+// parked: its writer returns, and Close releases the directory, so the
+// slot can be opened again in the same process.
+func (s *Store) Parked() bool { return s.fatal.parked.Load() }
 
 // FatalErr returns the fatal error, or nil.
 func (s *Store) FatalErr() error {
