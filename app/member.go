@@ -516,11 +516,20 @@ func (m *memberRun) step(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, max(m.cfg.Member.TTL/2, time.Second))
 	defer cancel()
 	sent := time.Now() // the record lives TTL from the server's receipt, which is later
+	// lapsed: the lease ran out before this renewal (paused, cut off from
+	// NATS). The record may have expired and the slots moved; the renewal
+	// (a Put) creates it again, but it says nothing of what this member
+	// still owns. The lease counts from it only once this step has read
+	// the assignment and stopped the slots that moved (reconcile, below):
+	// before, reads were answered from a moved slot's stale copy meanwhile.
+	lapsed := m.leaseLost() != ""
 	if err := m.reg.Renew(sctx, m.record()); err != nil {
 		m.regFailed = time.Now()
 		return err
 	}
-	m.renewedAt.Store(sent.UnixNano())
+	if !lapsed {
+		m.renewedAt.Store(sent.UnixNano())
+	}
 	// After this member could not reach the registry, every record may
 	// be stale for the same reason: lead again only after a whole TTL of
 	// renewals (the others have renewed by then, or are gone).
@@ -549,6 +558,9 @@ func (m *memberRun) step(ctx context.Context) error {
 		}
 	}
 	m.reconcile(cur, members)
+	if lapsed {
+		m.renewedAt.Store(sent.UnixNano())
+	}
 	m.logSlowStarts()
 	return nil
 }

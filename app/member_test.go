@@ -411,6 +411,39 @@ func TestMemberCutOffFromNATSServesNoStaleRead(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // reads spread over a second, not a synchronisation
 	}
+
+	// Reconnected, a renews its record (it expired: a Put creates it
+	// again) and only then reads the assignment that moved its slot. Its
+	// lease must not count from that renewal before it knows what it
+	// still owns: reads hammered at it from the moment NATS is back
+	// answer 503 or b's answer, never its stale copy's 404 (a black-box
+	// probe saw one, 68 ms after a paused member was continued).
+	proxy.SetCut(false)
+	var stale atomic.Int32
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if get(a, freshPath) == http.StatusNotFound {
+					stale.Add(1)
+				}
+			}
+		}()
+	}
+	testnats.Eventually(t, 60*time.Second, "a rejoined, and forwards the read to b", func() bool { return get(a, freshPath) == 200 })
+	close(done)
+	wg.Wait()
+	if n := stale.Load(); n > 0 {
+		t.Fatalf("a answered %d reads of a node written after its slot moved with 404 from its stale copy, after it rejoined", n)
+	}
 }
 
 // TestDuplicateMemberIDExits (issue 30 item 5): a second process started
