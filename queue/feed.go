@@ -741,6 +741,25 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 		return nil, nil, err
 	}
 	seen := uint64(0)
+	noResponders := 0
+	// retry: a pull answered "no responders" is sent again, a few times.
+	// An ordered consumer is created anew for each fetch, and on a
+	// cluster the first pull can reach the server before the new
+	// consumer's interest has (a probe on 3 servers saw a member's scrub
+	// rounds fail so 189 times in 30 minutes, each erase then waiting a
+	// round more).
+	retry := func(err error) bool {
+		if !errors.Is(err, nats.ErrNoResponders) || noResponders >= scrubNoRespondersRetries {
+			return false
+		}
+		noResponders++
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Duration(noResponders) * 50 * time.Millisecond):
+			return true
+		}
+	}
 	for wait := false; ; {
 		var batch jetstream.MessageBatch
 		if wait {
@@ -749,6 +768,9 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			batch, err = cons.FetchNoWait(512)
 		}
 		if err != nil {
+			if retry(err) {
+				continue
+			}
 			return nil, nil, err
 		}
 		got, last := 0, uint64(1)
@@ -768,7 +790,11 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, nil, err
+			if !retry(err) {
+				return nil, nil, err
+			}
+			seen += uint64(got)
+			continue
 		}
 		seen += uint64(got)
 		switch {
@@ -780,6 +806,11 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 		wait = got == 0
 	}
 }
+
+// scrubNoRespondersRetries: how many pulls answered "no responders" an
+// erase's read of the feed sends again (50 ms, 100 ms, ... apart) before
+// its round fails.
+const scrubNoRespondersRetries = 8
 
 // scrubDeletesInFlight bounds the deletes of an erase's scrub in flight
 // at once. Each is a request to the stream's leader (replicated, a round
