@@ -113,6 +113,10 @@ type memberRun struct {
 	// dropping: a copy without a role being inspected and removed
 	// (dropRoleless); no run of that slot starts meanwhile.
 	dropping map[int]bool
+	// dropRetry: a copy without a role whose inspection failed (locked,
+	// NATS did not answer) is tried again only then, not at the round its
+	// failure woke (a locked copy was inspected about 10 times a second).
+	dropRetry map[int]time.Time
 	// kept: a promoted standby's Pebble, still open, for the owner run
 	// that starts next (standby.go keep; under mu).
 	kept    map[int]*storage.PebbleEngine
@@ -219,7 +223,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		incarnation: uuid.NewString(),
-		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, ended: map[int]string{}, kept: map[int]*storage.PebbleEngine{},
+		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, dropRetry: map[int]time.Time{}, ended: map[int]string{}, kept: map[int]*storage.PebbleEngine{},
 		fatal:   make(chan error, 1),
 		wake:    make(chan struct{}, 1),
 		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -825,7 +829,7 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 				}
 				continue
 			}
-			if _, err := os.Stat(m.slotDir(s)); err == nil {
+			if _, err := os.Stat(m.slotDir(s)); err == nil && time.Now().After(m.dropRetry[s]) {
 				// A copy no role reaches (this member restarted on its old
 				// disk and was given nothing of the slot): no erase would
 				// ever reach it (issue 29, audit item 1).
@@ -836,6 +840,10 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 	}
 }
 
+// dropRetryAfter: how long a copy without a role whose inspection failed
+// is kept before it is inspected again.
+const dropRetryAfter = 5 * time.Second
+
 // dropRoleless removes slot s's local copy, which no role of this member
 // holds, once it has checked that the slot's changelog holds its data (the
 // copy follows the stream NATS holds now); a copy of another log (the
@@ -843,16 +851,25 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 // aside for an operator instead. Run outside mu: it opens the copy and
 // asks NATS.
 func (m *memberRun) dropRoleless(s int) {
-	defer m.poke()
+	failed := false
 	defer func() {
 		m.mu.Lock()
 		delete(m.dropping, s)
+		if failed {
+			m.dropRetry[s] = time.Now().Add(dropRetryAfter)
+		} else {
+			delete(m.dropRetry, s)
+		}
 		m.mu.Unlock()
+		if !failed {
+			m.poke()
+		}
 	}()
 	dir := filepath.Join(m.slotDir(s), "pebble")
 	lid, attached, empty, err := inspectCopy(dir)
 	if err != nil {
-		m.log.Warn("member: inspecting a copy no role holds; kept for now", "slot", s, "err", err)
+		failed = true
+		m.log.Warn("member: inspecting a copy no role holds; kept for now, tried again later", "slot", s, "in", dropRetryAfter, "err", err)
 		return
 	}
 	if attached && !empty {
@@ -861,7 +878,8 @@ func (m *memberRun) dropRoleless(s int) {
 		id, _, _, err := slot.LogIdentity(ctx, m.js, cfg.ChangelogConfig().StreamName())
 		cancel()
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			m.log.Warn("member: a copy no role holds; its changelog did not answer, kept for now", "slot", s, "err", err)
+			failed = true
+			m.log.Warn("member: a copy no role holds; its changelog did not answer, kept for now, tried again later", "slot", s, "in", dropRetryAfter, "err", err)
 			return
 		}
 		if id != lid {
