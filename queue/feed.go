@@ -789,14 +789,13 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 				edges = append(edges, md.Sequence.Stream)
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			if !retry(err) {
-				return nil, nil, err
-			}
-			seen += uint64(got)
-			continue
-		}
 		seen += uint64(got)
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			if retry(err) {
+				continue
+			}
+			return nil, nil, err
+		}
 		switch {
 		case got > 0 && last == 0, seen >= total:
 			return own, edges, nil

@@ -17,7 +17,6 @@ import (
 // Pause pauses this replica's consumer until the deadline (zero: until
 // resumed); by says who asked, for the log.
 func (w *Worker) Pause(ctx context.Context, until time.Time, by string) (client.PauseState, error) {
-	w.bumpPause()
 	st, err := client.PauseConsumer(ctx, w.js, w.cfg.ReqStream, w.cfg.ConsumerName(), until)
 	if err != nil {
 		return st, err
@@ -28,7 +27,6 @@ func (w *Worker) Pause(ctx context.Context, until time.Time, by string) (client.
 
 // Resume resumes this replica's consumer; by says who asked, for the log.
 func (w *Worker) Resume(ctx context.Context, by string) (client.PauseState, error) {
-	w.bumpPause()
 	st, err := client.ResumeConsumer(ctx, w.js, w.cfg.ReqStream, w.cfg.ConsumerName())
 	if err != nil {
 		return st, err
@@ -38,24 +36,17 @@ func (w *Worker) Resume(ctx context.Context, by string) (client.PauseState, erro
 }
 
 // pauseChange returns the pause generation, for a refresh to tell
-// whether a Pause or Resume began while it read the consumer.
+// whether a Pause or Resume noted its state while it read the consumer.
 func (w *Worker) pauseChange() uint64 {
 	w.pauseMu.Lock()
 	defer w.pauseMu.Unlock()
 	return w.pauseGen
 }
 
-// bumpPause marks a Pause or Resume begun: a refresh reading the consumer
-// meanwhile may read the state before it, and must not note it.
-func (w *Worker) bumpPause() {
-	w.pauseMu.Lock()
-	w.pauseGen++
-	w.pauseMu.Unlock()
-}
-
-// setPause notes the state a Pause or Resume set, and moves the
-// generation again (a refresh that began since its bump read the server
-// before or after it: either way this state is the newer).
+// setPause notes the state a Pause or Resume set, once the server has
+// it, and moves the generation. A refresh that read the generation
+// before this may have read the server before the change: it drops what
+// it read. One that read it after reads the server after the change.
 func (w *Worker) setPause(st client.PauseState, by string) {
 	w.pauseMu.Lock()
 	defer w.pauseMu.Unlock()

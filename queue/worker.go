@@ -76,7 +76,7 @@ type Worker struct {
 	// before a Pause or Resume over the state that call set (the status
 	// page showed "paused" right after its resume said "consuming").
 	pauseMu  sync.Mutex
-	pauseGen uint64 // under pauseMu; moved by Pause and Resume before and after
+	pauseGen uint64 // under pauseMu; moved by each Pause and Resume that succeeded
 }
 
 // New returns a worker over an open NATS connection and cascade engine.
@@ -126,7 +126,7 @@ func (w *Worker) RefreshStats(ctx context.Context) error {
 	}
 	st := &ConsumerStats{Pending: info.NumPending, AckPending: uint64(info.NumAckPending), Redelivered: uint64(info.NumRedelivered), At: time.Now()}
 	w.pauseMu.Lock()
-	if w.pauseGen == gen { // no Pause or Resume began since the read
+	if w.pauseGen == gen { // no Pause or Resume noted its state since the read began
 		w.notePause(client.PauseOf(info), "")
 	}
 	w.pauseMu.Unlock()

@@ -179,9 +179,9 @@ type Slot struct {
 	// resuming: the startup pass still resumes, in the background, journals
 	// a previous process left (a note on /readyz, not a reason).
 	resuming atomic.Bool
-	// workerLeft: Run returned on a fatal storage error with the worker
-	// still running (Pebble failed, or it did not stop within
-	// fatalStopWait): close leaves the store open for the process's exit.
+	// workerLeft: Run returned on the store's own stop with the worker
+	// still running past fatalStopWait: close leaves the store open for
+	// the process's exit (as it does for a parked store).
 	workerLeft atomic.Bool
 	// drainLate: the drain outlasted --shutdown-grace; close waits on NATS
 	// for nothing more.
@@ -564,8 +564,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		case <-st.Fatal():
 			if st.Parked() {
 				// Pebble failed: the worker may be parked on the writer
-				// for good. Do not wait; the store stays open.
-				a.workerLeft.Store(true)
+				// for good. Do not wait; close leaves the store open.
 				return st.FatalErr()
 			}
 			// The store stopped on its own decision (fenced, an append
