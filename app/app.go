@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"io"
 	"log/slog"
 	"net"
@@ -45,6 +46,9 @@ type Options struct {
 	OnReady func(*slot.Slot)
 	// WrapEngine wraps the storage engine (fault injection).
 	WrapEngine func(storage.Engine) storage.Engine
+	// FS is the filesystem every slot's Pebble opens on (nil: the OS's);
+	// tests inject disk faults with it.
+	FS vfs.FS
 	// DiskFree replaces the statfs of the disk-space guard.
 	DiskFree func() (uint64, error)
 	// CascadeHooks, when set, are called after the worker's own (tests:
@@ -76,7 +80,7 @@ type Options struct {
 // and the process's build and runtime tuning.
 func (o Options) slotOptions(tracer trace.TracerProvider) slot.Options {
 	return slot.Options{Build: Build, Tracer: tracer, Applying: Applying,
-		Clock: o.Clock, OnReady: o.OnReady, WrapEngine: o.WrapEngine, DiskFree: o.DiskFree, CascadeHooks: o.CascadeHooks,
+		Clock: o.Clock, OnReady: o.OnReady, WrapEngine: o.WrapEngine, FS: o.FS, DiskFree: o.DiskFree, CascadeHooks: o.CascadeHooks,
 		ReaperHooks: o.ReaperHooks, OnWriterTask: o.OnWriterTask, CopyScrubStep: o.CopyScrubStep, CopyScrubbed: o.CopyScrubbed,
 		StandbyApplied: o.standbyApplied}
 }

@@ -107,6 +107,7 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 	if err != nil || cl == nil {
 		return errors.Join(err, ctx.Err())
 	}
+	cl.FS = m.opts.FS
 	t0 := time.Now()
 	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
 	// The slot's own directory, and its Pebble: a promotion hands it over

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"log/slog"
 	"os"
 	"sync"
@@ -119,6 +120,10 @@ type Changelog struct {
 	obs  jetstream.ObjectStore
 	part int
 
+	// FS is the filesystem the copy's Pebble opens on (nil: the OS's);
+	// tests inject faults with it (Options.FS).
+	FS vfs.FS
+
 	// standbys returns the applied sequences of the slot's tailing
 	// standbys (dynamic mode; nil otherwise).
 	standbys func() []uint64
@@ -171,7 +176,11 @@ func (a *Slot) Checkpoint(ctx context.Context) (partition.CheckpointInfo, error)
 
 // openChangelog opens the slot's changelog (OpenChangelog).
 func (a *Slot) openChangelog(ctx context.Context) (*Changelog, error) {
-	return OpenChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
+	c, err := OpenChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
+	if c != nil {
+		c.FS = a.opts.FS
+	}
+	return c, err
 }
 
 // OpenChangelog opens the changelog stream of cfg's slot (a member's
@@ -366,7 +375,7 @@ func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		if pe == nil {
 			// The slot's logger, and no fatal handler yet: the store that
 			// opens on this Pebble takes its fatal errors (OpenStoreOn).
-			if pe, err = storage.OpenPebble(dir, nil, c.log, nil, nil, sizes); err != nil {
+			if pe, err = storage.OpenPebble(dir, c.FS, c.log, nil, nil, sizes); err != nil {
 				return nil, err
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"io"
 	"log/slog"
 	"net"
@@ -63,6 +64,9 @@ type Options struct {
 	OnReady func(*Slot)
 	// WrapEngine wraps the storage engine (fault injection).
 	WrapEngine func(storage.Engine) storage.Engine
+	// FS is the filesystem the slot's Pebble opens on (nil: the OS's);
+	// tests inject disk faults with it (pebble/vfs/errorfs).
+	FS vfs.FS
 	// DiskFree replaces the statfs of the disk-space guard.
 	DiskFree func() (uint64, error)
 	// CascadeHooks, when set, are called after the slot's own (tests:
@@ -397,7 +401,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 		a.changelog, durable, copies = cl, cl.cl, cl
 	}
 	so := storage.Options{
-		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine,
+		Clock: opts.Clock, Logger: log, OnCommit: a.metrics.OnCommit, WrapEngine: opts.WrapEngine, FS: opts.FS,
 		OnWriterTask: func(l storage.Lane, wait, run time.Duration) {
 			a.metrics.WriterTask(l.String(), wait, run)
 			if opts.OnWriterTask != nil {

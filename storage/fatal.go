@@ -15,6 +15,12 @@ import (
 // cmd/worker decides the exit status.
 var ErrFatal = errors.New("fatal storage error")
 
+// ErrEngine marks a fatal error Pebble itself raised (wrapped with
+// ErrFatal): the engine must not be used or closed again, so its
+// directory stays locked until the process exits (Store.Parked). A store
+// that stopped on its own decision (fenced, Stop) does not carry it.
+var ErrEngine = errors.New("pebble failed")
+
 type fatalState struct {
 	once   sync.Once
 	ch     chan struct{}
@@ -31,7 +37,7 @@ func newFatalState() *fatalState { return &fatalState{ch: make(chan struct{})} }
 func (f *fatalState) raise(msg string) {
 	f.parked.Store(true)
 	f.once.Do(func() {
-		f.err = fmt.Errorf("%w: %s", ErrFatal, msg)
+		f.err = fmt.Errorf("%w: %w: %s", ErrFatal, ErrEngine, msg)
 		close(f.ch)
 	})
 	select {}
