@@ -148,6 +148,11 @@ type memberRun struct {
 	// ended: why a slot run that ended on its own did (m.mu; /readyz
 	// until it starts again).
 	ended map[int]string
+	// broken: the slots whose Pebble failed in this process (why), m.mu.
+	// Their directory stays locked until the process exits: the member
+	// never runs them again and its record lists them (member.Member
+	// Broken), so the plan gives them to the other members.
+	broken map[int]string
 	// events: the group's changes this member saw, oldest first, the
 	// newest eventsKept (m.mu; /v1/partitions, the status page);
 	// sawMembers: the members were read once (noteMembership).
@@ -223,7 +228,7 @@ func runMember(ctx context.Context, cfg Config, log *slog.Logger, opts Options) 
 		cfg: cfg, log: log.With("member", cfg.Member.ID), opts: opts, id: cfg.Member.ID, n: cfg.Owner.Count,
 		pc:          member.PlanConfig{Slots: cfg.Owner.Count, Standbys: cfg.Member.Standbys, MaxLag: cfg.Member.MaxLag},
 		incarnation: uuid.NewString(),
-		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, dropRetry: map[int]time.Time{}, ended: map[int]string{}, kept: map[int]*storage.PebbleEngine{},
+		slots:       map[int]*slotRun{}, seen: map[int]seenEpoch{}, restartAt: map[int]time.Time{}, dropping: map[int]bool{}, dropRetry: map[int]time.Time{}, ended: map[int]string{}, broken: map[int]string{}, kept: map[int]*storage.PebbleEngine{},
 		fatal:   make(chan error, 1),
 		wake:    make(chan struct{}, 1),
 		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}},
@@ -715,6 +720,10 @@ func (m *memberRun) record() member.Member {
 		}
 		rec.Slots[s] = st
 	}
+	for s := range m.broken {
+		rec.Broken = append(rec.Broken, s)
+	}
+	slices.Sort(rec.Broken)
 	return rec
 }
 
@@ -760,6 +769,19 @@ func (m *memberRun) reconcile(cur []member.Assignment, members []member.Member) 
 			want = roleStandby
 		}
 		r := m.slots[s]
+		if r != nil && r.exited() && errors.Is(r.err, storage.ErrEngine) {
+			// Pebble failed on this copy: nothing may touch it again in
+			// this process, and its lock is held until the exit. Give the
+			// slot up for good (the record says so; the plan moves it).
+			m.log.Error("member: Pebble failed on a slot's copy; this member gives the slot up until it restarts (the group moves it to another member)",
+				"slot", s, "role", r.role, "err", r.err)
+			m.broken[s] = r.err.Error()
+			delete(m.slots, s)
+			r = nil
+		}
+		if _, broke := m.broken[s]; broke {
+			continue
+		}
 		if r != nil && r.exited() && !r.stopping.Load() {
 			// It ended on its own (an error it did not survive): start again,
 			// after a pause (a conflict only an operator settles would
@@ -1042,9 +1064,11 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 		case r.err != nil && errors.Is(r.err, storage.ErrFatal):
 			// One slot fails alone (issue 30 item 2): fenced (another
 			// member owns it now: this one was paused or cut off past its
-			// TTL) or its store broke. Its run has closed and released it;
-			// the member and its other slots go on, and the next round
-			// starts it again if the slot is still this member's.
+			// TTL) or its store broke. The member and its other slots go
+			// on. Fenced, its run has closed and released it: the next
+			// round starts it again if the slot is still this member's.
+			// Broken (storage.ErrEngine), its copy stays locked: the next
+			// round gives the slot up (reconcile, m.broken).
 			m.log.Error("member: a slot stopped on a fatal error; the member and its other slots go on", "slot", s, "err", r.err)
 		}
 	}()

@@ -106,6 +106,9 @@ func (m *memberRun) samples() []metrics.PartitionSample {
 		if s < len(m.assign) {
 			p.Epoch = m.assign[s].Epoch
 		}
+		if _, broke := m.broken[s]; broke {
+			p.Role = metrics.RoleBroken
+		}
 		if r := m.slots[s]; r != nil {
 			p.Role = r.role
 			switch r.role {
@@ -374,7 +377,11 @@ func (m *memberRun) partitions(w http.ResponseWriter, _ *http.Request) {
 	var ms []map[string]any
 	for _, mm := range m.members {
 		byID[mm.ID] = mm
-		ms = append(ms, map[string]any{"id": mm.ID, "url": mm.URL, "leaving": mm.Leaving, "renewed": mm.Renewed, "started": mm.Started})
+		broken := mm.Broken
+		if broken == nil {
+			broken = []int{}
+		}
+		ms = append(ms, map[string]any{"id": mm.ID, "url": mm.URL, "leaving": mm.Leaving, "renewed": mm.Renewed, "started": mm.Started, "broken": broken})
 	}
 	events := append([]MemberEvent{}, m.events...)
 	views := make([]SlotView, 0, len(m.assign))

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/cascade"
@@ -1437,5 +1439,91 @@ func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) {
 	}
 	if n := runs.Load(); n < 3 {
 		t.Fatalf("%d slot runs served, want a third (the fenced slot's next run): the fence was never met", n)
+	}
+}
+
+// TestABrokenSlotMovesToAnotherMember (issue 30 item 2, a broken slot):
+// Pebble fails on one member's copy of a slot it owns (an erase's flush
+// cannot write the MANIFEST: a fatal error, the copy stays locked until
+// the process exits). Before,
+// the member kept the slot and restarted it every few seconds against the
+// lock, and its tenants were never answered. Now the member gives the
+// slot up (its record lists it broken), the other member takes it and
+// answers the request that met the failure, and the first member goes on
+// serving its other slot.
+func TestABrokenSlotMovesToAnotherMember(t *testing.T) {
+	ns := testnats.Start(t)
+	dirA := t.TempDir()
+	var failing atomic.Pointer[string] // writes to MANIFESTs under it fail
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if p := failing.Load(); p != nil && op.Kind.ReadOrWrite() == errorfs.OpIsWrite &&
+			strings.HasPrefix(op.Path, *p) && strings.Contains(filepath.Base(op.Path), "MANIFEST") {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})
+	a := startMemberOpts(t, ns.ClientURL(), "a", dirA, 1, Options{FS: errorfs.Wrap(vfs.Default, inj)}, "--ack-wait", "2s")
+	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{}, "--ack-wait", "2s")
+	v := a.settledOn(t, "a", "b")
+	b.settledOn(t, "a", "b")
+	s, tenant := ownedTenant(t, v, "a")
+	_, other := ownedTenant(t, v, "b")
+	bus := newBus(t, ns)
+	victim := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(victim))))
+
+	// An erase flushes the memtable (a MANIFEST write): Pebble fails.
+	dir := filepath.Join(dirA, "slots", strconv.Itoa(s)) + string(filepath.Separator)
+	failing.Store(&dir)
+	if res := bus.wait(bus.send(tenant, eraseNode(victim, "broken disk"))); res.Status != "ok" {
+		t.Fatalf("the erase that broke a's copy of slot %d: %+v", s, res)
+	}
+	for i := range 3 {
+		if res := bus.wait(bus.send(tenant, node(uuid.NewString()))); res.Status != "ok" {
+			t.Fatalf("put %d after a's copy of slot %d broke: %+v", i, s, res)
+		}
+	}
+	testnats.Eventually(t, 60*time.Second, fmt.Sprintf("slot %d owned by b, ready; a lists it broken", s), func() bool {
+		var p struct {
+			Members []struct {
+				ID     string `json:"id"`
+				Broken []int  `json:"broken"`
+			} `json:"members"`
+			Assignments []struct {
+				Slot  int    `json:"slot"`
+				Owner string `json:"owner"`
+				Ready bool   `json:"owner_ready"`
+			} `json:"assignments"`
+		}
+		resp, err := http.Get(b.base + "/v1/partitions")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		if json.NewDecoder(resp.Body).Decode(&p) != nil || len(p.Assignments) != 2 {
+			return false
+		}
+		brokenOnA := false
+		for _, m := range p.Members {
+			brokenOnA = brokenOnA || (m.ID == "a" && slices.Equal(m.Broken, []int{s}))
+		}
+		return brokenOnA && p.Assignments[s].Owner == "b" && p.Assignments[s].Ready
+	})
+	// The member goes on: it takes the other slot (balance) and serves it.
+	testnats.Eventually(t, 60*time.Second, "a owns and serves the other slot", func() bool {
+		v, code := a.view()
+		return code == 200 && len(v.Assignments) == 2 && v.Assignments[1-s].Owner == "a" && v.Assignments[1-s].Ready
+	})
+	for _, ten := range []string{tenant, other} {
+		mustOK(t, bus.wait(bus.send(ten, node(uuid.NewString()))))
+	}
+	resp, err := http.Get(a.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if body, want := string(raw), fmt.Sprintf(`telha_partition_role{role="broken",slot="%d"} 1`, s); !strings.Contains(body, want) {
+		t.Fatalf("a's /metrics lacks %s", want)
 	}
 }

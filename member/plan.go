@@ -35,6 +35,11 @@ type Member struct {
 	Incarnation string            `json:"incarnation,omitempty"`
 	Renewed     time.Time         `json:"renewed"`
 	Slots       map[int]SlotState `json:"slots,omitempty"`
+	// Broken lists the slots this process can no longer host: Pebble
+	// itself failed on the slot's copy (its directory stays locked until
+	// the process exits). Plan gives such a slot, and its standby duty, to
+	// the other members; a restart of the process clears it.
+	Broken []int `json:"broken,omitempty"`
 	// Journals: the journals in flight on the slots it owns, as of its
 	// last renewal, oldest first, at most MaxJournalsInRecord (every
 	// member's status page lists the group's).
@@ -117,6 +122,9 @@ type PlanConfig struct {
 //     owner flips only once the target reports it has caught up.
 //   - Each slot keeps up to cfg.Standbys standbys (distinct from its owner),
 //     sticky, then the members with the fewest standby duties.
+//   - A member never owns or stands by a slot its record lists as Broken;
+//     an owner that broke its slot counts as gone for that slot (when no
+//     other member can take it, the slot stays where it is).
 func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 	next := make([]Assignment, cfg.Slots)
 	byID := map[string]Member{}
@@ -139,6 +147,17 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 		return next // nobody to give anything to
 	}
 	isEligible := func(id string) bool { _, ok := slices.BinarySearch(eligible, id); return ok }
+	broke := func(id string, s int) bool { return slices.Contains(byID[id].Broken, s) }
+	// canTake: the eligible members of cands that can host slot s.
+	canTake := func(cands []string, s int) []string {
+		var out []string
+		for _, id := range cands {
+			if isEligible(id) && !broke(id, s) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
 	counts := map[string]int{}
 	for _, id := range eligible {
 		counts[id] = 0
@@ -163,23 +182,26 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 		a.Standbys = slices.DeleteFunc(a.Standbys, func(id string) bool { return id == to })
 	}
 
-	// 1. Slots without a live owner.
+	// 1. Slots without a live owner (or whose owner broke them). A slot
+	// flipped here is not moved again by this plan (one epoch a plan).
+	flipped := map[int]bool{}
 	for s := range next {
-		if _, alive := byID[next[s].Owner]; alive && next[s].Owner != "" {
+		if _, alive := byID[next[s].Owner]; alive && next[s].Owner != "" && !broke(next[s].Owner, s) {
 			continue
 		}
-		var warm []string
-		for _, id := range next[s].Standbys {
-			if isEligible(id) {
-				warm = append(warm, id)
-			}
-		}
-		to := fewest(warm)
+		to := fewest(canTake(next[s].Standbys, s))
 		if to == "" {
-			to = fewest(eligible)
+			to = fewest(canTake(eligible, s))
+		}
+		if to == "" {
+			continue // nobody can: it stays as it is
+		}
+		if isEligible(next[s].Owner) {
+			counts[next[s].Owner]--
 		}
 		flip(s, to)
 		counts[to]++
+		flipped[s] = true
 	}
 
 	// 2. Balance, warm-first. planned counts a move as done when it is
@@ -191,11 +213,21 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 	}
 	lo, hi := cfg.Slots/len(eligible), (cfg.Slots+len(eligible)-1)/len(eligible)
 	pending := map[int]string{} // slot -> warming target
+	// target: the least loaded member other than src that can host s.
+	target := func(src string, s int) string {
+		to := ""
+		for _, id := range canTake(eligible, s) {
+			if id != src && (to == "" || planned[id] < planned[to] || (planned[id] == planned[to] && id < to)) {
+				to = id
+			}
+		}
+		return to
+	}
 	for {
 		src, slot := "", -1
 		// A leaving (or otherwise ineligible but alive) owner first.
 		for s := len(next) - 1; s >= 0; s-- {
-			if _, warming := pending[s]; !warming && !isEligible(next[s].Owner) {
+			if _, warming := pending[s]; !warming && !flipped[s] && !isEligible(next[s].Owner) {
 				src, slot = next[s].Owner, s
 				break
 			}
@@ -218,7 +250,7 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 				break
 			}
 			for s := len(next) - 1; s >= 0; s-- {
-				if _, warming := pending[s]; !warming && next[s].Owner == src {
+				if _, warming := pending[s]; !warming && !flipped[s] && next[s].Owner == src && target(src, s) != "" {
 					slot = s
 					break
 				}
@@ -227,12 +259,7 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 				break
 			}
 		}
-		to := ""
-		for _, id := range eligible {
-			if id != src && (to == "" || planned[id] < planned[to] || (planned[id] == planned[to] && id < to)) {
-				to = id
-			}
-		}
+		to := target(src, slot)
 		if to == "" {
 			break
 		}
@@ -259,7 +286,7 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 		a := &next[s]
 		var keep []string
 		for _, id := range a.Standbys {
-			if id != a.Owner && isEligible(id) && !slices.Contains(keep, id) {
+			if id != a.Owner && isEligible(id) && !broke(id, s) && !slices.Contains(keep, id) {
 				keep = append(keep, id)
 			}
 		}
@@ -280,7 +307,7 @@ func Plan(cfg PlanConfig, members []Member, cur []Assignment) []Assignment {
 		for len(a.Standbys) < cfg.Standbys {
 			best := ""
 			for _, id := range eligible {
-				if id == a.Owner || slices.Contains(a.Standbys, id) {
+				if id == a.Owner || slices.Contains(a.Standbys, id) || broke(id, s) {
 					continue
 				}
 				if best == "" || duties[id] < duties[best] || (duties[id] == duties[best] && id < best) {

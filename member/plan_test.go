@@ -14,19 +14,7 @@ import (
 func simulate(t *testing.T, cfg PlanConfig, ids []string, leaving map[string]bool, cur []Assignment) []Assignment {
 	t.Helper()
 	for round := 0; round < 4*cfg.Slots+8; round++ {
-		members := make([]Member, 0, len(ids))
-		for _, id := range ids {
-			m := Member{ID: id, Leaving: leaving[id], Slots: map[int]SlotState{}}
-			for _, a := range cur {
-				if a.Owner == id {
-					m.Slots[a.Slot] = SlotState{Role: RoleOwner, Applied: 100, Ready: true}
-				}
-				if slices.Contains(a.Standbys, id) {
-					m.Slots[a.Slot] = SlotState{Role: RoleStandby, Applied: 100, Ready: true}
-				}
-			}
-			members = append(members, m)
-		}
+		members := records(ids, leaving, nil, cur)
 		next := Plan(cfg, members, cur)
 		checkStep(t, cfg, members, cur, next)
 		if again := Plan(cfg, members, cur); !sameAll(again, next) {
@@ -39,6 +27,27 @@ func simulate(t *testing.T, cfg PlanConfig, ids []string, leaving map[string]boo
 	}
 	t.Fatalf("no fixpoint after %d rounds: %v", 4*cfg.Slots+8, cur)
 	return nil
+}
+
+// records are the members' records as they report cur: every role they
+// hold, caught up and ready, except for a slot they broke (its run is
+// gone).
+func records(ids []string, leaving map[string]bool, broken map[string][]int, cur []Assignment) []Member {
+	members := make([]Member, 0, len(ids))
+	for _, id := range ids {
+		m := Member{ID: id, Leaving: leaving[id], Slots: map[int]SlotState{}, Broken: broken[id]}
+		for _, a := range cur {
+			switch {
+			case slices.Contains(m.Broken, a.Slot):
+			case a.Owner == id:
+				m.Slots[a.Slot] = SlotState{Role: RoleOwner, Applied: 100, Ready: true}
+			case slices.Contains(a.Standbys, id):
+				m.Slots[a.Slot] = SlotState{Role: RoleStandby, Applied: 100, Ready: true}
+			}
+		}
+		members = append(members, m)
+	}
+	return members
 }
 
 func sameAll(a, b []Assignment) bool {
@@ -222,5 +231,63 @@ func TestPlanLiveMoveWaitsForCatchUp(t *testing.T) {
 	n := Plan(cfg, []Member{a, b}, next)
 	if n[1].Owner != "b" || n[1].Epoch != 2 || n[1].Prev != "a" || n[0].Owner != "a" {
 		t.Fatalf("caught up: %+v", n)
+	}
+}
+
+// TestPlanBrokenSlotMovesAndStaysAway: random groups where members break
+// random slots (Pebble failed on their copy: Member.Broken). Every plan
+// gives a broken slot to a member that can host it, at once (its owner
+// counts as gone for it), never makes a member a standby of a slot it
+// broke, keeps every other rule of a step, and reaches a fixpoint.
+func TestPlanBrokenSlotMovesAndStaysAway(t *testing.T) {
+	for seed := uint64(0); seed < 300; seed++ {
+		r := rand.New(rand.NewPCG(seed, 11))
+		cfg := PlanConfig{Slots: 1 + r.IntN(8), Standbys: r.IntN(3), MaxLag: 10}
+		var ids []string
+		for i := range 2 + r.IntN(4) {
+			ids = append(ids, fmt.Sprintf("m%d", i))
+		}
+		cur := simulate(t, cfg, ids, nil, nil)
+		broken := map[string][]int{}
+		for range 1 + r.IntN(3) {
+			id, s := ids[r.IntN(len(ids))], r.IntN(cfg.Slots)
+			if !slices.Contains(broken[id], s) {
+				broken[id] = append(broken[id], s)
+			}
+		}
+		canHost := func(s int) bool {
+			for _, id := range ids {
+				if !slices.Contains(broken[id], s) {
+					return true
+				}
+			}
+			return false
+		}
+		fixed := false
+		for round := 0; round < 4*cfg.Slots+8 && !fixed; round++ {
+			members := records(ids, nil, broken, cur)
+			next := Plan(cfg, members, cur)
+			if again := Plan(cfg, members, cur); !sameAll(again, next) {
+				t.Fatalf("seed %d: plan not deterministic", seed)
+			}
+			for s, a := range next {
+				if slices.Contains(broken[a.Owner], s) && canHost(s) {
+					t.Fatalf("seed %d round %d: slot %d stays with %q, which broke it (broken %v): %+v", seed, round, s, a.Owner, broken, next)
+				}
+				for _, id := range a.Standbys {
+					if slices.Contains(broken[id], s) {
+						t.Fatalf("seed %d: slot %d has standby %q, which broke it", seed, s, id)
+					}
+				}
+				if was := cur[s]; (a.Owner != was.Owner) != (a.Epoch == was.Epoch+1) || (a.Owner == was.Owner && a.Epoch != was.Epoch) {
+					t.Fatalf("seed %d: slot %d owner %q -> %q, epoch %d -> %d", seed, s, was.Owner, a.Owner, was.Epoch, a.Epoch)
+				}
+			}
+			fixed = sameAll(cur, next)
+			cur = next
+		}
+		if !fixed {
+			t.Fatalf("seed %d: no fixpoint with broken %v: %+v", seed, broken, cur)
+		}
 	}
 }

@@ -138,7 +138,7 @@ func SlotGatherer(slot int, g prometheus.Gatherer) prometheus.Gatherer {
 }
 
 var (
-	descRole = prometheus.NewDesc("telha_partition_role", "1 for the role this member holds for the slot (owner, standby); 0 for the others.",
+	descRole = prometheus.NewDesc("telha_partition_role", "1 for the role this member holds for the slot (owner, standby, or broken: Pebble failed on its copy and the member gave the slot up until it restarts); 0 for the others.",
 		[]string{"slot", "role"}, nil)
 	descEpoch   = prometheus.NewDesc("telha_partition_epoch", "Epoch of the slot's assignment: grows by one with each change of owner.", []string{"slot"}, nil)
 	descApplied = prometheus.NewDesc("telha_partition_applied_sequence", "Changelog sequence this member's copy of the slot reflects (0: holds none).", []string{"slot"}, nil)
@@ -149,6 +149,10 @@ var (
 	descMoves   = prometheus.NewDesc("telha_partition_moves_total", "Changes of a slot's owner this member has seen.", nil, nil)
 	descFenced  = prometheus.NewDesc("telha_partition_fence_claims_total", "Starts of a slot on this member that fenced a previous writer by claiming its changelog.", nil, nil)
 )
+
+// RoleBroken is telha_partition_role's role of a slot whose copy Pebble
+// failed on in this process: the member gave it up until it restarts.
+const RoleBroken = "broken"
 
 type memberCollector struct{ st MemberState }
 
@@ -161,7 +165,7 @@ func (c *memberCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *memberCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.st.Partitions() {
 		s := strconv.Itoa(p.Slot)
-		for _, role := range []string{"owner", "standby"} {
+		for _, role := range []string{"owner", "standby", RoleBroken} {
 			v := 0.0
 			if p.Role == role {
 				v = 1
