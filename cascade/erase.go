@@ -317,18 +317,13 @@ func (o *Applier) FinishErase(ctx context.Context, p *PreparedErase) (storage.Re
 	if o.hooks.EraseScrubbed != nil {
 		o.hooks.EraseScrubbed(st)
 	}
-	// The receipt's tx: the erase's commit tx, or the entity's tombstone if
-	// a journal wrote it later (a read at tx_time sees the entity dead).
-	kind := storage.KindNode
-	if j.Op == storage.OpEraseEdge {
-		kind = storage.KindEdge
-	}
+	// The receipt's tx is the erase's own, decided when it began
+	// (beginErase): the tx at which the entity reads dead, its tombstone's
+	// (the one it wrote, the one it found, or the one the journal in flight
+	// writes at its tx). A version another request wrote later (a node's
+	// cascade narrowing an erased edge's tombstone) does not move it: the
+	// erasure record and the feed's erase message say the same tx.
 	tx := j.Tx
-	if latest, ok, err := storage.Latest(o.store.Reader(), sc, kind, j.ID); err != nil {
-		return storage.Receipt{}, err
-	} else if ok && latest.Tx.Start > tx {
-		tx = latest.Tx.Start
-	}
 	digest, err := eraseHash(head.HashState)
 	if err != nil {
 		return storage.Receipt{}, err

@@ -455,3 +455,55 @@ func TestEraseLeavesNoTraceOnDisk(t *testing.T) {
 		}
 	}
 }
+
+// TestEraseAnswersItsOwnTx: a version written to the erased entity after
+// the erase began (a node's cascade narrowing the erased edge's tombstone,
+// at a later tx of another request) does not move the erase's answer. A
+// black-box probe saw an erase_edge's result and receipt give the
+// narrowing cascade's tx while its erasure record, its feed message and
+// the tombstone it wrote gave its own; a read one microsecond before the
+// result's tx_time then found the edge dead. For an edge erased live and
+// one erased already dead, the receipt's tx is the tx at which the edge
+// reads dead (CONTRACT §3), the erasure record's too.
+func TestEraseAnswersItsOwnTx(t *testing.T) {
+	for _, dead := range []bool{false, true} {
+		e := openEnv(t, "", Options{})
+		sc := storage.MustScope("rx")
+		a, b, ed := uuid.New(), uuid.New(), uuid.New()
+		e.node(sc, a, year(2010), storage.NoTs)
+		e.node(sc, b, year(2010), storage.NoTs)
+		e.edge(sc, ed, a, b, year(2010), storage.NoTs)
+		if dead {
+			if _, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpTombstoneEdge, ID: ed, ValidEnd: storage.NoTs, Prov: anon}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpEraseEdge, ID: ed, RequestID: "er1", ValidEnd: storage.NoTs, Prov: why}})
+		if err != nil || out[0].Kind != Erasing {
+			t.Fatalf("erase_edge: %+v %v", out, err)
+		}
+		deadAt := out[0].Erase.Job.Tx
+		// Another request, committed before the erase finishes: a's
+		// cascade with a valid end in the past narrows the edge's
+		// tombstone at its own, later tx.
+		o2, _, err := e.ops.Apply(ctx, []Request{{Scope: sc, Op: storage.OpTombstoneNode, ID: a, RequestID: "tn1", ValidEnd: year(2020), Prov: anon}})
+		if err != nil || o2[0].Receipt.Status != storage.StatusOK {
+			t.Fatalf("tombstone_node: %+v %v", o2, err)
+		}
+		latest, _, err := storage.Latest(e.store.Reader(), sc, storage.KindEdge, ed)
+		if err != nil || latest.Tx.Start <= deadAt {
+			t.Fatalf("dead %v: the cascade did not write the edge after the erase began (latest tx %s, erase %s, %v)", dead, latest.Tx.Start, deadAt, err)
+		}
+		rc, err := e.ops.ApplyErase(ctx, out[0].Erase, EraseObserver{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, ok, err := storage.GetErasure(e.store.Reader(), sc, "er1")
+		if err != nil || !ok {
+			t.Fatalf("erasure record: %v %v", ok, err)
+		}
+		if rc.Tx != deadAt || rec.Tx != deadAt {
+			t.Fatalf("dead %v: receipt tx %s, record tx %s, want the erase's own %s (the cascade's was %s)", dead, rc.Tx, rec.Tx, deadAt, latest.Tx.Start)
+		}
+	}
+}
