@@ -2,11 +2,14 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue/client"
@@ -366,4 +369,106 @@ func TestEraseIsAnsweredAheadOfItsFeedBacklog(t *testing.T) {
 		}
 	}
 	t.Logf("the erase was answered with %d of the %d puts behind it on the feed", puts, n)
+}
+
+// feedBodies returns the body of every message TELHA_CHG keeps for
+// tenant, and how many are puts published without props.
+func feedBodies(t *testing.T, b *bus, tenant string) (bodies []string, propless int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := b.js.Stream(ctx, "TELHA_CHG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"telha.chg." + tenant + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
+			return bodies, propless
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies = append(bodies, string(m.Data()))
+		if m.Headers().Get(client.ChangeNoPropsHeader) == "none" {
+			propless++
+		}
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+			return bodies, propless
+		}
+	}
+}
+
+// TestAnEraseScrubsTheFeedWhateverItsFlags: puts published with props
+// while the feed was on are deleted from TELHA_CHG by an erase made later
+// with --change-feed-props=false, or with --change-feed=false, before the
+// erase is answered. A black-box probe found both left on the feed (the
+// erase answered ok in 40 ms), readable by every consumer until a start
+// with the feed and props on again, or for --change-feed-max-age.
+func TestAnEraseScrubsTheFeedWhateverItsFlags(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	const tenant = "flags"
+	x, y, w, e := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
+	put := func(b *bus, id, secret string) {
+		mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_node", "id": id, "props": map[string]any{"secret": secret}})))
+	}
+	erase := func(b *bus, id string) {
+		mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "erase_node", "id": id, "request_id": "erase-" + id,
+			"provenance": map[string]any{"reason": "gdpr"}})))
+	}
+	leaks := func(b *bus, secrets ...string) []string {
+		bodies, _ := feedBodies(t, b, tenant)
+		var found []string
+		for _, body := range bodies {
+			for _, s := range secrets {
+				if strings.Contains(body, s) {
+					found = append(found, s)
+				}
+			}
+		}
+		return found
+	}
+
+	w1 := startWorker(t, ns, dir, Options{})
+	b := newBus(t, ns)
+	put(b, x, "XSECRET")
+	put(b, y, "YSECRET")
+	put(b, w, "WSECRET")
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "put_edge", "id": e, "src": x, "dst": y, "label": "knows",
+		"props": map[string]any{"secret": "EDGESECRET"}})))
+	readChanges(t, b, tenant, func(cs []client.Change) bool { return len(cs) == 4 })
+	if err := w1.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Props off: x's put and its edge's were published with props.
+	w2 := startWorker(t, ns, dir, Options{}, "--change-feed-props=false")
+	z := uuid.NewString()
+	put(b, z, "ZSECRET") // published without its props, and kept by the erase below
+	readChanges(t, b, tenant, func(cs []client.Change) bool { return len(cs) == 5 })
+	erase(b, x)
+	if got := leaks(b, "XSECRET", "EDGESECRET"); len(got) > 0 {
+		t.Fatalf("--change-feed-props=false: after x's erase was answered, TELHA_CHG still holds %v", got)
+	}
+	if _, propless := feedBodies(t, b, tenant); propless != 1 {
+		t.Fatalf("%d puts published without props on the feed, want z's (kept)", propless)
+	}
+	if err := w2.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The feed off: w's put was published while it was on.
+	startWorker(t, ns, dir, Options{}, "--change-feed=false")
+	erase(b, w)
+	if got := leaks(b, "WSECRET"); len(got) > 0 {
+		t.Fatalf("--change-feed=false: after w's erase was answered, TELHA_CHG still holds %v", got)
+	}
+	if got := leaks(b, "YSECRET"); len(got) != 1 {
+		t.Fatalf("y's put (never erased): found %v, want it kept", got)
+	}
 }

@@ -357,6 +357,9 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	if err := p.dial(ctx); err != nil {
 		return false, err
 	}
+	if p.cfg.ChangeFeedOff {
+		return false, p.scrubOnly(ctx)
+	}
 	for _, sc := range p.st.Tenants() {
 		// Nothing new: no write since its last read, which no journal
 		// held back.
@@ -386,7 +389,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 		ft.read = feedRead{gen: gen, held: horizon < p.st.Committed()}
 		probe := p.unclean[sc]
 		pos, err := p.st.ReadFeed(ctx, storage.FeedRead{Scope: sc, From: from, UpTo: horizon, Max: feedBatch}, func(c *storage.Change) error {
-			if c.Op == storage.FeedErase && !p.cfg.ChangeFeedNoProps && !c.Scrubbed && !p.scrubbedKeys[string(c.EraseKey)] {
+			if c.Op == storage.FeedErase && !c.Scrubbed && !p.scrubbedKeys[string(c.EraseKey)] {
 				// The erased props leave the feed before the erase is on it.
 				if err := p.settle(ctx, ft); err != nil {
 					return err
@@ -570,15 +573,42 @@ func (p *FeedPublisher) scrubAhead(ctx context.Context, sc storage.Scope) error 
 		if p.scrubbedKeys[string(c.EraseKey)] {
 			continue // scrubbed, its mark not saved yet
 		}
-		if !p.cfg.ChangeFeedNoProps {
-			if err := p.scrubErase(ctx, sc, c); err != nil {
-				return err
-			}
+		// With --change-feed-props=false too: the stream may keep puts
+		// published with props before (each put published without them
+		// says so, and is kept).
+		if err := p.scrubErase(ctx, sc, c); err != nil {
+			return err
 		}
 		p.scrubbed = append(p.scrubbed, c)
 		p.scrubbedKeys[string(c.EraseKey)] = true
 	}
 	return nil
+}
+
+// scrubOnly is a round of a feed turned off (--change-feed=false): it
+// publishes nothing and leaves every cursor where it stands, but the
+// stream may keep puts published while the feed was on, so each erase
+// still deletes the puts that carried what it erased (scrubAhead; with
+// no stream, there is nothing to delete) before its result goes out.
+func (p *FeedPublisher) scrubOnly(ctx context.Context) error {
+	var errs error
+	for _, sc := range p.st.Tenants() {
+		// A tenant with no write since its last look has no new erase
+		// (finishing one writes the tenant's feed row).
+		gen := p.st.FeedGen(sc)
+		if r, ok := p.read[sc]; ok && r.gen == gen {
+			continue
+		}
+		if err := p.scrubAhead(ctx, sc); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tenant %s: %w", sc, err))
+			continue
+		}
+		p.read[sc] = feedRead{gen: gen}
+	}
+	if len(p.scrubbed) > 0 {
+		errs = errors.Join(errs, p.save(ctx))
+	}
+	return errs
 }
 
 // lag is the age of the oldest change not published yet (a change's age:
@@ -681,6 +711,9 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 		}
 	}
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, 0, nil // no feed was ever on (or it was deleted): nothing kept
+	}
 	if err != nil {
 		return 0, 0, err
 	}
@@ -783,6 +816,8 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			last = md.NumPending
 			h := m.Headers()
 			switch {
+			case h.Get(client.ChangeNoPropsHeader) == "none":
+				// Published without props: nothing of it was erased.
 			case changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id:
 				own = append(own, md.Sequence.Stream)
 			case c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id):
@@ -884,6 +919,9 @@ func changeMsg(cfg Config, sc storage.Scope, c *storage.Change, maxData int) *na
 	if body.Kind == client.KindEdge && c.Op != storage.FeedErase {
 		m.Header.Set(client.ChangeSrcHeader, body.Src)
 		m.Header.Set(client.ChangeDstHeader, body.Dst)
+	}
+	if c.Op == storage.FeedPut && body.Props == nil {
+		m.Header.Set(client.ChangeNoPropsHeader, "none")
 	}
 	return m
 }

@@ -35,9 +35,9 @@ type Config struct {
 	// Publisher publishes finished journals' results from the outbox. Nil:
 	// outbox rows wait (tests of the store alone).
 	Publisher Publisher
-	// WaitFeed: the change feed is on; an erase's result waits until the
-	// feed has published the erase (and deleted the erased puts from
-	// itself first: queue.FeedPublisher).
+	// WaitFeed: a feed publisher runs (the change feed on, or off and
+	// only scrubbing); an erase's result waits until it has deleted the
+	// erased puts from the feed (queue.FeedPublisher).
 	WaitFeed bool
 	// Schedule is the cron spec of passes (5-field, or a descriptor such as
 	// "@every 30s"). Default "@every 30s": a journal whose applier failed is

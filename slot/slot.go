@@ -467,7 +467,7 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	}
 	copts := cascade.Options{MaxBatchOps: cfg.MaxBatchOps, ChunkOps: cfg.ChunkOps, Logger: log, Hooks: a.wiredCascadeHooks(opts.CascadeHooks)}
 	rp, err := reaper.New(st, reaper.Config{
-		Applier: cascade.NewApplier(st, copts), Publisher: pub, WaitFeed: !qcfg.ChangeFeedOff, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
+		Applier: cascade.NewApplier(st, copts), Publisher: pub, WaitFeed: true, Schedule: cfg.ReaperSchedule, StallTimeout: cfg.LeaseTTL,
 		Clock: opts.Clock, Logger: log, Hooks: a.wiredReaperHooks(opts.ReaperHooks), TracerProvider: a.tracer,
 	})
 	if err != nil {
@@ -524,7 +524,10 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	bg.Add(1)
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
 	defer func() { stopBG(); bg.Wait() }()
-	if !qcfg.ChangeFeedOff {
+	{
+		// With --change-feed=false too: it publishes nothing then, but
+		// an erase still deletes from TELHA_CHG the puts published
+		// while the feed was on (queue FeedPublisher.scrubOnly).
 		hooks := queue.FeedHooks{Published: a.metrics.ChangesPublished, Failed: a.metrics.ChangeFeedFailed, Reordered: a.metrics.ChangeFeedReordered, Erased: rp.KickOutbox, Lag: a.metrics.ChangeFeedLagged}
 		if a.changelog != nil {
 			hooks.Owned = a.changelog.feedOwned(st)

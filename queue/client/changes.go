@@ -82,6 +82,11 @@ func ChangeMsgID(tenant, kind, id string, txMicros, validMicros int64) string {
 const (
 	ChangeSrcHeader = "Telha-Src"
 	ChangeDstHeader = "Telha-Dst"
+	// ChangeNoPropsHeader ("none") marks a put published without its
+	// props (--change-feed-props=false, or props_omitted): an erase's
+	// scrub keeps it, since it carries nothing the erase erased. A put
+	// without it may carry props (every put published before it existed).
+	ChangeNoPropsHeader = "Telha-Props"
 )
 
 // EraseChangeMsgID is an erase's Nats-Msg-Id.
