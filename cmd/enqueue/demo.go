@@ -41,7 +41,7 @@ func runDemo(ctx context.Context, g *globals, args []string, stdout, stderr io.W
 		body["request_id"] = id
 		body["tenant"] = *tenant
 		body["provenance"] = map[string]string{"actor": "demo", "source": "enqueue demo"}
-		b, _ := json.Marshal(body)
+		b, _ := client.Marshal(body)
 		return request{tenant: *tenant, id: id, body: b}
 	}
 	phase := func(name string, reqs []request) (map[string]client.Result, error) {

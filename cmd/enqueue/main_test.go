@@ -169,6 +169,13 @@ func TestEnqueueHelpAndErase(t *testing.T) {
 	if code, _, _ := enqueue(t, "owner", "--wait", "--tenant", "acme"); code != 2 {
 		t.Errorf("owner --wait: exit %d, want 2 (owner publishes nothing)", code)
 	}
+	// A wildcard would read every tenant's feed (a probe printed them all
+	// with --tenant '*').
+	for _, tenant := range []string{"*", "acme.node", ">"} {
+		if code, _, errOut := enqueue(t, "changes", "--tenant", tenant); code != 2 || !strings.Contains(errOut, "no wildcard") {
+			t.Errorf("changes --tenant %q: exit %d %q, want 2", tenant, code, errOut)
+		}
+	}
 	code, _, errOut = enqueue(t, "put-node", "-h")
 	if code != 0 || !strings.Contains(errOut, "-props") || strings.Contains(errOut, "-nats-creds") {
 		t.Errorf("put-node -h: exit %d; want its own flags only: %q", code, errOut)

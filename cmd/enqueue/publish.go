@@ -277,7 +277,7 @@ func runOne(ctx context.Context, g *globals, cmd string, args []string, stdout, 
 	if len(prov) > 0 {
 		body["provenance"] = prov
 	}
-	b, _ := json.Marshal(body)
+	b, _ := client.Marshal(body)
 	nc, c, err := connect(g)
 	if err != nil {
 		return err

@@ -146,8 +146,9 @@ func (c *Client) OpenChanges(ctx context.Context, cfg ChangesConfig) (*Changes, 
 	if cfg.Stream == "" {
 		cfg.Stream = "TELHA_CHG"
 	}
-	if cfg.Tenant == "" {
-		return nil, fmt.Errorf("changes: a tenant is needed")
+	if !ValidTenant(cfg.Tenant) {
+		// A wildcard ("*", "a.node") would read other tenants' feeds.
+		return nil, fmt.Errorf("changes: tenant %q must match %s", cfg.Tenant, tenantRE)
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -172,11 +173,24 @@ func (c *Client) Publish(ctx context.Context, tenant, requestID string, body []b
 
 // PublishRequest marshals r and publishes it (see Publish).
 func (c *Client) PublishRequest(ctx context.Context, r *Request) (*jetstream.PubAck, error) {
-	body, err := json.Marshal(r)
+	body, err := Marshal(r)
 	if err != nil {
 		return nil, err
 	}
 	return c.Publish(ctx, r.Tenant, r.RequestID, body)
+}
+
+// Marshal is json.Marshal without its HTML escaping: props holding <, >
+// or & stay as they are, instead of growing six times each (\u003c) and
+// passing the request size limit a body published as written would not.
+func Marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // PublishAsync publishes without waiting; bound the number in flight with
