@@ -22,7 +22,7 @@ func runChanges(ctx context.Context, g *globals, args []string, stdout, stderr i
 	fs := flag.NewFlagSet("changes", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	tenant := fs.String("tenant", "", "the tenant whose feed to print (required)")
-	from := fs.String("from", "", "start at this tx_time (RFC 3339): every change with a tx_time at or after it, erases too")
+	from := fs.String("from", "", "start at this tx_time (RFC 3339): every change with a tx_time at or after it, and the erases stored from about then on (an erase's tx_time, its entity's death, may be older)")
 	fromSeq := fs.Uint64("from-seq", 0, "start at this stream sequence (a change's seq)")
 	durable := fs.String("durable", "", "a durable consumer name: the next run with it resumes after the last change printed")
 	follow := fs.Bool("follow", false, "keep printing new changes until interrupted")

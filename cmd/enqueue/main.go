@@ -13,7 +13,7 @@ import (
 )
 
 type globals struct {
-	natsURL, creds, user, password, tlsCA, tlsCert, tlsKey string
+	natsURL, creds, user, password, tlsCA, tlsCert, tlsKey, inbox string
 	prefix                                                 string
 	wait                                                   bool
 	timeout                                                time.Duration
@@ -67,7 +67,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	g := globals{natsURL: envOr("TELHA_NATS_URL", "nats://127.0.0.1:4222"), creds: os.Getenv("TELHA_NATS_CREDS"),
 		user: os.Getenv("TELHA_NATS_USER"), password: os.Getenv("TELHA_NATS_PASSWORD"), tlsCA: os.Getenv("TELHA_NATS_TLS_CA"),
-		tlsCert: os.Getenv("TELHA_NATS_TLS_CERT"), tlsKey: os.Getenv("TELHA_NATS_TLS_KEY"), prefix: "telha",
+		tlsCert: os.Getenv("TELHA_NATS_TLS_CERT"), tlsKey: os.Getenv("TELHA_NATS_TLS_KEY"), inbox: os.Getenv("TELHA_NATS_INBOX_PREFIX"), prefix: "telha",
 		timeout: 2 * time.Minute, maxInflight: 256}
 	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -138,6 +138,7 @@ func (g *globals) registerConn(fs *flag.FlagSet) {
 	fs.StringVar(&g.tlsCA, "nats-tls-ca", g.tlsCA, "CA file for NATS TLS (env TELHA_NATS_TLS_CA)")
 	fs.StringVar(&g.tlsCert, "nats-tls-cert", g.tlsCert, "client certificate for NATS TLS (env TELHA_NATS_TLS_CERT)")
 	fs.StringVar(&g.tlsKey, "nats-tls-key", g.tlsKey, "client key for NATS TLS (env TELHA_NATS_TLS_KEY)")
+	fs.StringVar(&g.inbox, "nats-inbox-prefix", g.inbox, "the inbox prefix of replies, e.g. _INBOX_acme for a tenant's user of docs/examples/nats-tenants.conf (env TELHA_NATS_INBOX_PREFIX)")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "subject prefix")
 }
 

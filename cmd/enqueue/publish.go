@@ -35,6 +35,9 @@ func connect(g *globals) (*nats.Conn, *client.Client, error) {
 	if g.user != "" {
 		opts = append(opts, nats.UserInfo(g.user, g.password))
 	}
+	if g.inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(g.inbox))
+	}
 	if g.tlsCA != "" || g.tlsCert != "" {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if g.tlsCA != "" {
