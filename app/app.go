@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/telha/telha-cascade/api"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/nats-io/nats.go"
 	"github.com/telha/telha-cascade/api"
 	"github.com/telha/telha-cascade/cascade"

@@ -14,10 +14,10 @@ import (
 
 type globals struct {
 	natsURL, creds, user, password, tlsCA, tlsCert, tlsKey, inbox string
-	prefix                                                 string
-	wait                                                   bool
-	timeout                                                time.Duration
-	maxInflight                                            int
+	prefix                                                        string
+	wait                                                          bool
+	timeout                                                       time.Duration
+	maxInflight                                                   int
 }
 
 const usage = `usage: enqueue [global flags] <command> [flags]
