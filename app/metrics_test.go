@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/telha/telha-cascade/internal/testnats"
@@ -252,10 +253,18 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil || info.State.Msgs != 3 {
-		t.Fatalf("request stream: %+v %v, want the 3 requests waiting", info.State, err)
-	}
+	// The first request's ack follows its result (CONTRACT §5): it may
+	// still be on its way when the result has arrived.
+	var info *jetstream.StreamInfo
+	testnats.Eventually(t, 15*time.Second, "the 3 requests waiting, the first one acked", func() bool {
+		if info, err = s.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs > 4 || info.State.Msgs < 3 {
+			t.Fatalf("request stream: %+v, want the 3 requests waiting (and the first, until its ack lands)", info.State)
+		}
+		return info.State.Msgs == 3
+	})
 	first := info.State.FirstTime // a work-queue stream: the oldest request not acked
 	// Poll (no sleep) until the oldest has waited more than a second,
 	// checking the gauge against its stream timestamp at every read.
