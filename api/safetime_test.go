@@ -380,15 +380,20 @@ var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); re
 // gate is a JournalObserver.Applied that holds the applier after each
 // chunk until the readers have read k more times, so reads interleave with
 // every chunk.
+//
+// The target is counted before the readers are let go: counted after, a
+// gate descheduled between the two could find them past their new
+// allowance already (k*2 more reads), and wait for k reads they would
+// never make (a CI run hung so for 18 minutes).
 func (c *cascadeRun) gate(k int64) func(int64) {
 	c.perChunk = k
 	return func(int64) {
 		c.chunkMu.Lock()
+		target := c.reads.Load() + k
 		c.chunks++
 		close(c.chunkSig)
 		c.chunkSig = make(chan struct{})
 		c.chunkMu.Unlock()
-		target := c.reads.Load() + k
 		for c.reads.Load() < target {
 			select {
 			case <-c.readSig:
