@@ -181,6 +181,8 @@ type slotRun struct {
 	phase atomic.Pointer[string]
 	// slowLogged: when the loop last said this start is slow (loop only).
 	slowLogged time.Time
+	// endOnce closes done (standby: its run ends, or its copy broke).
+	endOnce sync.Once
 
 	// standby: its copy, read while it tails (standbyRead). viewMu is held
 	// for reading by each read, and for writing while the tail lets go of
@@ -211,6 +213,16 @@ func lostClaim(err error, served bool) bool {
 func (r *slotRun) halt() {
 	r.stopping.Store(true)
 	r.stop()
+}
+
+// end records err as a standby run's end and closes done, once: the run's
+// goroutine ends, or a Pebble fatal error ends the run while that
+// goroutine stays parked inside Pebble (tail's OnFatal).
+func (r *slotRun) end(err error) {
+	r.endOnce.Do(func() {
+		r.err = err
+		close(r.done)
+	})
 }
 
 func (r *slotRun) exited() bool {

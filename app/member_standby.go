@@ -76,7 +76,7 @@ func (m *memberRun) startStandby(s int) *slotRun {
 	log := m.log.With("slot", s, "role", roleStandby)
 	go func() {
 		defer m.poke()
-		defer close(r.done)
+		defer r.end(nil)
 		for delay := time.Second; ; delay = min(2*delay, 15*time.Second) {
 			err := m.tail(ctx, s, r, log)
 			r.ready.Store(false)
@@ -108,6 +108,20 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		return errors.Join(err, ctx.Err())
 	}
 	cl.FS = m.opts.FS
+	// A Pebble fatal error on this copy (a failed WAL or MANIFEST write:
+	// its disk failed) ends this standby run, not the process: the member
+	// gives the slot up (reconcile, m.broken) and serves its other slots.
+	// The goroutine that hit it parks (Pebble's Fatalf must not return),
+	// and the copy, never closed, stays locked until the process exits.
+	var broke atomic.Bool
+	cl.OnFatal = func(msg string) {
+		broke.Store(true)
+		r.ready.Store(false)
+		r.end(fmt.Errorf("%w: %w: the standby's copy of slot %d: %s", storage.ErrFatal, storage.ErrEngine, s, msg))
+		r.stop() // the tail, if it is not the goroutine parked here
+		m.poke()
+		select {}
+	}
 	t0 := time.Now()
 	sizes := storage.Sizes{CacheBytes: int64(c.CacheMB) << 20, MemTableBytes: uint64(c.MemTableMB) << 20}
 	// The slot's own directory, and its Pebble: a promotion hands it over
@@ -117,11 +131,13 @@ func (m *memberRun) tail(ctx context.Context, s int, r *slotRun, log *slog.Logge
 		return err
 	}
 	defer func() {
-		if r.promote.Load() {
+		switch {
+		case broke.Load(): // never closed nor used again
+		case r.promote.Load():
 			m.keep(s, pe)
-			return
+		default:
+			_ = pe.Close()
 		}
-		_ = pe.Close()
 	}()
 	db := pe.DB
 	applied, err := partition.AppliedSeq(db)

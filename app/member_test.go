@@ -1442,6 +1442,27 @@ func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) {
 	}
 }
 
+// membersOnAFailingDisk starts members a and b (2 slots, 1 standby each);
+// after breakSlot(s), every MANIFEST write of a's copy of slot s fails
+// (a Pebble fatal error at its next flush).
+func membersOnAFailingDisk(t *testing.T, ns *testnats.Server) (a, b *memberUnderTest, breakSlot func(s int)) {
+	dirA := t.TempDir()
+	var failing atomic.Pointer[string] // writes to MANIFESTs under it fail
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if p := failing.Load(); p != nil && op.Kind.ReadOrWrite() == errorfs.OpIsWrite &&
+			strings.HasPrefix(op.Path, *p) && strings.Contains(filepath.Base(op.Path), "MANIFEST") {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})
+	a = startMemberOpts(t, ns.ClientURL(), "a", dirA, 1, Options{FS: errorfs.Wrap(vfs.Default, inj)}, "--ack-wait", "2s")
+	b = startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{}, "--ack-wait", "2s")
+	return a, b, func(s int) {
+		dir := filepath.Join(dirA, "slots", strconv.Itoa(s)) + string(filepath.Separator)
+		failing.Store(&dir)
+	}
+}
+
 // TestABrokenSlotMovesToAnotherMember (issue 30 item 2, a broken slot):
 // Pebble fails on one member's copy of a slot it owns (an erase's flush
 // cannot write the MANIFEST: a fatal error, the copy stays locked until
@@ -1453,17 +1474,7 @@ func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) {
 // serving its other slot.
 func TestABrokenSlotMovesToAnotherMember(t *testing.T) {
 	ns := testnats.Start(t)
-	dirA := t.TempDir()
-	var failing atomic.Pointer[string] // writes to MANIFESTs under it fail
-	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if p := failing.Load(); p != nil && op.Kind.ReadOrWrite() == errorfs.OpIsWrite &&
-			strings.HasPrefix(op.Path, *p) && strings.Contains(filepath.Base(op.Path), "MANIFEST") {
-			return errorfs.ErrInjected
-		}
-		return nil
-	})
-	a := startMemberOpts(t, ns.ClientURL(), "a", dirA, 1, Options{FS: errorfs.Wrap(vfs.Default, inj)}, "--ack-wait", "2s")
-	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 1, Options{}, "--ack-wait", "2s")
+	a, b, breakSlot := membersOnAFailingDisk(t, ns)
 	v := a.settledOn(t, "a", "b")
 	b.settledOn(t, "a", "b")
 	s, tenant := ownedTenant(t, v, "a")
@@ -1473,8 +1484,7 @@ func TestABrokenSlotMovesToAnotherMember(t *testing.T) {
 	mustOK(t, bus.wait(bus.send(tenant, node(victim))))
 
 	// An erase flushes the memtable (a MANIFEST write): Pebble fails.
-	dir := filepath.Join(dirA, "slots", strconv.Itoa(s)) + string(filepath.Separator)
-	failing.Store(&dir)
+	breakSlot(s)
 	if res := bus.wait(bus.send(tenant, eraseNode(victim, "broken disk"))); res.Status != "ok" {
 		t.Fatalf("the erase that broke a's copy of slot %d: %+v", s, res)
 	}
@@ -1525,5 +1535,76 @@ func TestABrokenSlotMovesToAnotherMember(t *testing.T) {
 	resp.Body.Close()
 	if body, want := string(raw), fmt.Sprintf(`telha_partition_role{role="broken",slot="%d"} 1`, s); !strings.Contains(body, want) {
 		t.Fatalf("a's /metrics lacks %s", want)
+	}
+}
+
+// TestABrokenStandbyCopyEndsOnlyItsRun: a member's standby copy hits a
+// Pebble fatal error (its erase scrub cannot write the MANIFEST). The
+// member gives that standby duty up and lists the slot broken; it goes on
+// owning and serving its own slot, and the slot's owner answers on.
+// Before, Pebble's fatal error in a standby panicked the whole process.
+func TestABrokenStandbyCopyEndsOnlyItsRun(t *testing.T) {
+	ns := testnats.Start(t)
+	a, b, breakSlot := membersOnAFailingDisk(t, ns)
+	v := a.settledOn(t, "a", "b")
+	b.settledOn(t, "a", "b")
+	s, tenant := ownedTenant(t, v, "b") // a stands by for it
+	mine, own := ownedTenant(t, v, "a")
+	bus := newBus(t, ns)
+	victim := uuid.NewString()
+	mustOK(t, bus.wait(bus.send(tenant, node(victim))))
+	// b's view of the group: who lists which slots broken, and who
+	// tails slot s's changelog as its standby.
+	group := func() (broken map[string][]int, tailing map[string]bool) {
+		var p struct {
+			Members []struct {
+				ID     string `json:"id"`
+				Broken []int  `json:"broken"`
+			} `json:"members"`
+			Assignments []struct {
+				Standbys []string          `json:"standbys"`
+				Applied  map[string]uint64 `json:"standby_applied"`
+			} `json:"assignments"`
+		}
+		resp, err := http.Get(b.base + "/v1/partitions")
+		if err != nil {
+			return nil, nil
+		}
+		defer resp.Body.Close()
+		if json.NewDecoder(resp.Body).Decode(&p) != nil || len(p.Assignments) != 2 {
+			return nil, nil
+		}
+		broken, tailing = map[string][]int{}, map[string]bool{}
+		for _, m := range p.Members {
+			broken[m.ID] = m.Broken
+		}
+		for _, id := range p.Assignments[s].Standbys {
+			_, applied := p.Assignments[s].Applied[id]
+			tailing[id] = applied
+		}
+		return broken, tailing
+	}
+	testnats.Eventually(t, 60*time.Second, fmt.Sprintf("a tails slot %d as its standby", s), func() bool {
+		_, tailing := group()
+		return tailing["a"]
+	})
+
+	// The erase's scrub flushes a's copy too (a MANIFEST write): Pebble
+	// fails there, in a's standby.
+	breakSlot(s)
+	if res := bus.wait(bus.send(tenant, eraseNode(victim, "broken disk"))); res.Status != "ok" {
+		t.Fatalf("the erase on b's slot %d: %+v", s, res)
+	}
+	testnats.Eventually(t, 60*time.Second, fmt.Sprintf("a lists slot %d broken and stands by for it no more", s), func() bool {
+		broken, tailing := group()
+		_, standing := tailing["a"]
+		return broken != nil && slices.Equal(broken["a"], []int{s}) && !standing
+	})
+	// a goes on serving its own slot; b goes on serving its.
+	for _, ten := range []string{own, tenant} {
+		mustOK(t, bus.wait(bus.send(ten, node(uuid.NewString()))))
+	}
+	if v, code := a.view(); code != 200 || v.Assignments[mine].Owner != "a" || !v.Assignments[mine].Ready {
+		t.Fatalf("a's own slot %d after its standby broke: %d %+v", mine, code, v.Assignments)
 	}
 }

@@ -123,6 +123,11 @@ type Changelog struct {
 	// FS is the filesystem the copy's Pebble opens on (nil: the OS's);
 	// tests inject faults with it (Options.FS).
 	FS vfs.FS
+	// OnFatal receives a Pebble fatal error of a copy this changelog
+	// opens, until a store opens on it (storage.OpenStoreOn takes them
+	// over). Like Pebble's Fatalf it must not return. nil: the error
+	// panics the process.
+	OnFatal func(msg string)
 
 	// standbys returns the applied sequences of the slot's tailing
 	// standbys (dynamic mode; nil otherwise).
@@ -259,8 +264,9 @@ var errChangelogConflict = errors.New("changelog conflict")
 // It returns that Pebble, open, for the store (storage.OpenStoreOn): no
 // close and reopen between the catch-up and the serving. kept, when not
 // nil, is the slot's Pebble already open (a standby promoted in place):
-// it is caught up from where it stands. A Pebble fatal error here panics
-// (no store to record it yet): the supervisor's restart tries again.
+// it is caught up from where it stands. A Pebble fatal error here goes to
+// OnFatal (no store to record it yet; nil: it panics, and the
+// supervisor's restart tries again).
 func (c *Changelog) prepare(ctx context.Context, dir string, sizes storage.Sizes, kept *storage.PebbleEngine) (*storage.PebbleEngine, error) {
 	start := time.Now()
 	pe, err := c.catchUp(ctx, dir, sizes, false, kept)
@@ -375,7 +381,7 @@ func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		if pe == nil {
 			// The slot's logger, and no fatal handler yet: the store that
 			// opens on this Pebble takes its fatal errors (OpenStoreOn).
-			if pe, err = storage.OpenPebble(dir, c.FS, c.log, nil, nil, sizes); err != nil {
+			if pe, err = storage.OpenPebble(dir, c.FS, c.log, c.OnFatal, nil, sizes); err != nil {
 				return nil, err
 			}
 		}
