@@ -271,6 +271,9 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 			if p.hooks.Failed != nil {
 				p.hooks.Failed(err)
 			}
+			if errors.Is(err, jetstream.ErrNoStreamResponse) {
+				p.recreate(ctx)
+			}
 			select {
 			case <-ctx.Done():
 				return nil
@@ -307,6 +310,29 @@ func (p *FeedPublisher) Run(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// recreate creates the feed's stream again if it is gone (deleted while
+// the slot ran: every publish is answered "no responders", and the
+// erases waiting for their feed would wait until a restart provisioned
+// it). The next round publishes from the saved cursors into it. A stream
+// that is there but has no leader (an election) is left alone: creating
+// it again changes nothing.
+func (p *FeedPublisher) recreate(ctx context.Context) {
+	if p.cfg.ChangeFeedOff || p.js == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := p.js.Stream(ctx, p.cfg.ChgStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return
+	}
+	if _, err := p.js.CreateStream(ctx, ChangesStreamConfig(p.cfg)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		p.log.Warn("change feed: the stream is gone, and creating it again failed; retried", "stream", p.cfg.ChgStream, "err", err)
+		return
+	}
+	p.log.Warn("change feed: the stream was gone (deleted while this slot ran); created it again: the changes its consumers had not read are lost, the ones after the saved cursors are published again",
+		"stream", p.cfg.ChgStream)
 }
 
 // feedRead is what the last read of a tenant saw: its write count, and

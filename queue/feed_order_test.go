@@ -329,3 +329,42 @@ func newProxiedFeed(t *testing.T, ackWait time.Duration) *proxiedFeed {
 	f.p = testFeedPublisher(t, f.slotConn, f.st, cfg, FeedHooks{}, ackWait)
 	return f
 }
+
+// TestFeedStreamDeletedWhileRunningIsCreatedAgain: the feed's stream is
+// deleted while the publisher runs. Every publish is then answered "no
+// responders"; the publisher creates the stream again and publishes the
+// changes after its cursors into it. Before, it failed every round until
+// the slot restarted (and provisioned it), and erases waited as long.
+func TestFeedStreamDeletedWhileRunningIsCreatedAgain(t *testing.T) {
+	nc, st, sc := feedFixture(t, 5)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := Config{}.Defaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, ChangesStreamConfig(cfg)); err != nil {
+		t.Fatal(err)
+	}
+	p := testFeedPublisher(t, nc, st, cfg, FeedHooks{}, 10*time.Second)
+	done := make(chan error, 1)
+	runCtx, stop := context.WithCancel(ctx)
+	go func() { done <- p.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	held := func(want uint64) func() bool {
+		return func() bool {
+			s, err := js.Stream(ctx, cfg.ChgStream)
+			return err == nil && s.CachedInfo().State.Msgs == want
+		}
+	}
+	testnats.Eventually(t, 30*time.Second, "the stream holds the 5 puts", held(5))
+	if err := js.DeleteStream(ctx, cfg.ChgStream); err != nil {
+		t.Fatal(err)
+	}
+	putNodes(t, st, sc, 3)
+	testnats.Eventually(t, 30*time.Second, "the stream, created again, holds the 3 puts after the deletion", held(3))
+}
