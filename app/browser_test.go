@@ -160,7 +160,14 @@ var readmeShots = map[string]bool{"overview": true, "journals": true, "explorer"
 // nodes returns the elements matching sel (none is fine).
 func (b *browser) nodes(sel string) []*chromedp.Node {
 	b.t.Helper()
-	ns, err := chromedp.Run(b.ctx, chromedp.Nodes(chromedp.CSSAll(sel), chromedp.AtLeast(0)))
+	var ns []*chromedp.Node
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		ns, err = chromedp.Run(b.ctx, chromedp.Nodes(chromedp.CSSAll(sel), chromedp.AtLeast(0)))
+		if err == nil || !replaced(err) {
+			break
+		}
+	}
 	if err != nil {
 		b.t.Fatalf("query %s: %v", sel, err)
 	}
@@ -169,13 +176,35 @@ func (b *browser) nodes(sel string) []*chromedp.Node {
 
 func (b *browser) count(sel string) int { return len(b.nodes(sel)) }
 
+// text returns the text of the first element matching sel. A page that
+// refreshes itself may replace that element between the query and the
+// read (a CI run under load failed so: "No node with given id found"):
+// the text is then read again from the new page.
 func (b *browser) text(sel string) string {
 	b.t.Helper()
-	s, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	var s string
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		s, err = chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err == nil || !replaced(err) {
+			break
+		}
+	}
 	if err != nil {
 		b.t.Fatalf("text of %s: %v", sel, err)
 	}
 	return s
+}
+
+// replaced: the element or the document a query found is gone (the page
+// refreshed itself meanwhile).
+func replaced(err error) bool {
+	for _, s := range []string{"No node with given id found", "Cannot find context with specified id", "Execution context was destroyed"} {
+		if strings.Contains(err.Error(), s) {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *browser) attr(sel, name string) string {
