@@ -185,46 +185,55 @@ func (o *Ops) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseOb
 // ApplyErase finishes erase e (the first pass and a resume alike): it waits
 // for the node's cascade journal (the owner of journals applies it), erases
 // what is left, scrubs the disk and the copies and stores the answer. It
-// returns the request's receipt. It is PrepareErase then FinishErase.
+// returns the request's receipt. It is RewriteErase, ScrubErases of it
+// alone, then FinishErase.
 func (o *Applier) ApplyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (storage.Receipt, error) {
 	return o.applyErase(ctx, e, obs, false)
 }
 
 func (o *Applier) applyErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (storage.Receipt, error) {
-	p, err := o.prepareErase(ctx, e, obs, applyJournals)
+	p, err := o.rewriteErase(ctx, e, obs, applyJournals)
 	if err != nil {
+		return storage.Receipt{}, err
+	}
+	if err := o.ScrubErases(ctx, []*PreparedErase{p}); err != nil {
 		return storage.Receipt{}, err
 	}
 	return o.FinishErase(ctx, p)
 }
 
-// PreparedErase is an erase whose versions are erased and whose disk is
-// scrubbed (PrepareErase); the scrub of its copies and its answer are
-// left (FinishErase).
+// PreparedErase is an erase whose versions are erased (RewriteErase)
+// and, once ScrubErases has run for it, whose disk is scrubbed; the scrub
+// of its copies and its answer are left (FinishErase).
 type PreparedErase struct {
-	e      *storage.EraseEntry
-	head   storage.EraseJob
-	marker uint64
-	st     storage.ScrubStats
+	e    *storage.EraseEntry
+	head storage.EraseJob
+	// ranges: the keys the rewrite replaced, for the scrub of the disk.
+	ranges []storage.KeyRange
+	// scrubbed: ScrubErases scrubbed the disk for it, up to marker.
+	scrubbed bool
+	marker   uint64
+	st       storage.ScrubStats
 }
 
 // Entry is the erase prepared.
 func (p *PreparedErase) Entry() *storage.EraseEntry { return p.e }
 
-// PrepareErase is ApplyErase up to the scrub of the disk: it waits for
-// the journals touching the entity, erases what is left and scrubs the
-// disk (and commits the erase's marker for the copies). Erases are
-// prepared one at a time and never beside another erase's prepare or
-// finish (package reaper keeps that rule); several may be prepared before
-// the first is finished, and then share one scrub of the copies (issue
-// 29: with a changelog, that scrub is what costs). Nothing of a prepared
-// erase needs undoing: one never finished is applied again from the start
-// (by the next attempt, or after a restart).
-func (o *Applier) PrepareErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (*PreparedErase, error) {
-	return o.prepareErase(ctx, e, obs, false)
+// RewriteErase is the first step of an erase: it waits for the journals
+// touching the entity and erases what is left (its versions rewritten).
+// The erased bytes stay on the disk until ScrubErases. Erases are
+// rewritten one at a time and never beside another erase's scrub or
+// finish (package reaper keeps that rule); several rewritten one after
+// another share one scrub of the disk (ScrubErases) and then one scrub of
+// the copies (the first FinishErase's): a backlog of erases costs a flush
+// and a compaction per round, not per erase. Nothing of an erase
+// rewritten needs undoing: one never finished is applied again from the
+// start (by the next attempt, or after a restart).
+func (o *Applier) RewriteErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver) (*PreparedErase, error) {
+	return o.rewriteErase(ctx, e, obs, false)
 }
 
-func (o *Applier) prepareErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (*PreparedErase, error) {
+func (o *Applier) rewriteErase(ctx context.Context, e *storage.EraseEntry, obs EraseObserver, applyJournals bool) (*PreparedErase, error) {
 	sc, j := e.Scope, e.Job
 	// The erase reads what it rewrites from one snapshot, its cut. Every
 	// journal in flight that may still write a version the erase must
@@ -297,11 +306,29 @@ func (o *Applier) prepareErase(ctx context.Context, e *storage.EraseEntry, obs E
 	if err != nil {
 		return nil, err
 	}
-	st, marker, err := o.scrubDisk(ctx, sc, ranges)
-	if err != nil {
-		return nil, err
+	return &PreparedErase{e: e, head: head, ranges: ranges}, nil
+}
+
+// ScrubErases scrubs the disk once for erases rewritten (RewriteErase):
+// one flush, one compaction of every range they rewrote and of their
+// tenants' jobs keyspaces, one wait for the obsolete files, and with
+// copies one marker. Each is then ready for FinishErase.
+func (o *Applier) ScrubErases(ctx context.Context, ps []*PreparedErase) error {
+	if len(ps) == 0 {
+		return nil
 	}
-	return &PreparedErase{e: e, head: head, marker: marker, st: st}, nil
+	parts := make([]storage.ScrubPart, 0, len(ps))
+	for _, p := range ps {
+		parts = append(parts, storage.ScrubPart{Scope: p.e.Scope, Ranges: p.ranges})
+	}
+	st, marker, err := o.scrubDisk(ctx, parts)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		p.scrubbed, p.marker, p.st, p.ranges = true, marker, st, nil
+	}
+	return nil
 }
 
 // FinishErase finishes a prepared erase: it scrubs the copies (at once
@@ -310,6 +337,9 @@ func (o *Applier) prepareErase(ctx context.Context, e *storage.EraseEntry, obs E
 func (o *Applier) FinishErase(ctx context.Context, p *PreparedErase) (storage.Receipt, error) {
 	e, head := p.e, p.head
 	sc, j := e.Scope, e.Job
+	if !p.scrubbed {
+		return storage.Receipt{}, fmt.Errorf("erase of %s %s: finished before the scrub of its disk (ScrubErases)", j.Op, j.ID)
+	}
 	st := p.st
 	if err := o.store.ScrubCopies(ctx, p.marker, &st); err != nil {
 		return storage.Receipt{}, err
@@ -550,7 +580,7 @@ func scanRange(r pebble.Reader, lo, hi []byte, fn func(k, v []byte) error) error
 // snapshot older than the erase's writes would keep the old values through
 // the compaction, so it first waits until no snapshot is open (journal
 // appliers hold one while they run).
-func (o *Applier) scrubDisk(ctx context.Context, sc storage.Scope, ranges []storage.KeyRange) (storage.ScrubStats, uint64, error) {
+func (o *Applier) scrubDisk(ctx context.Context, parts []storage.ScrubPart) (storage.ScrubStats, uint64, error) {
 	waitUntil := time.Now().Add(EraseWaitLimit)
 	for {
 		n := o.store.Engine().Metrics().Snapshots.Count
@@ -566,5 +596,5 @@ func (o *Applier) scrubDisk(ctx context.Context, sc storage.Scope, ranges []stor
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return o.store.ScrubDisk(ctx, sc, ranges)
+	return o.store.ScrubDiskOf(ctx, parts)
 }

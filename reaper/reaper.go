@@ -322,23 +322,24 @@ func (s *Service) kickErase() {
 	}
 }
 
-// maxEraseBatch and maxErasePrepare bound a round's prepares: its first
-// erase's answer waits for the prepares of those after it (each may wait
-// for a journal touching its entity), so a round stops preparing more
-// once it holds 32 or has prepared for 5 s; the rest go in the next.
+// maxEraseBatch and maxEraseRewrite bound a round's rewrites: its first
+// erase's answer waits for the rewrites of those after it (each may wait
+// for a journal touching its entity), so a round stops rewriting more
+// once it holds 32 or has rewritten for 5 s; the rest go in the next.
 const (
 	maxEraseBatch   = 32
-	maxErasePrepare = 5 * time.Second
+	maxEraseRewrite = 5 * time.Second
 )
 
 // eraseLoop applies erases oldest first: the ones handed over, those a
 // previous process left (its first round, at Start), and failed ones
 // again after their backoff (checked every OutboxInterval). A round
-// prepares each erase listed (its versions and the disk; one at a time),
-// then finishes each (the copies and the answer): the first finish scrubs
-// the copies for every erase prepared, and the others find them scrubbed
-// (issue 29, batched scrubs: with a changelog, erases that arrive while a
-// scrub runs share the next one).
+// rewrites each erase listed (its versions; one at a time), scrubs the
+// disk once for all of them, then finishes each (the copies and the
+// answer): the first finish scrubs the copies for every erase of the
+// round, and the others find them scrubbed (issue 29, batched scrubs:
+// erases that arrive while a round runs share the next round's flush,
+// compaction and scrub of the copies).
 func (s *Service) eraseLoop() {
 	t := time.NewTicker(s.cfg.OutboxInterval)
 	defer t.Stop()
@@ -365,7 +366,11 @@ func (s *Service) eraseRound() {
 	var prepared []eraseAttempt
 	start := time.Now()
 	for _, e := range s.store.Erases().List() {
-		if s.ctx.Err() != nil || len(prepared) == maxEraseBatch || (len(prepared) > 0 && time.Since(start) > maxErasePrepare) {
+		if s.ctx.Err() != nil {
+			break
+		}
+		if len(prepared) == maxEraseBatch || (len(prepared) > 0 && time.Since(start) > maxEraseRewrite) {
+			s.kickErase() // the rest: the next round, at once (not at the next tick)
 			break
 		}
 		s.eraseMu.Lock()
@@ -378,7 +383,7 @@ func (s *Service) eraseRound() {
 			attribute.String("telha.tenant", e.Scope.Tenant()), attribute.String("telha.request_id", e.Job.Prov.RequestID),
 			attribute.String("telha.op", e.Job.Op.String()), attribute.String("telha.id", e.Job.ID.String())))
 		s.traceResult(e.Scope, e.Job.Prov.RequestID, tctx)
-		p, err := s.prepareErase(e)
+		p, err := s.rewriteErase(e)
 		if err != nil {
 			s.eraseDone(eraseAttempt{e: e, span: span}, storage.Receipt{}, err)
 			continue
@@ -386,6 +391,11 @@ func (s *Service) eraseRound() {
 		prepared = append(prepared, eraseAttempt{e: e, p: p, span: span})
 	}
 	var scrubErr error
+	if err := s.scrubErases(prepared); err != nil {
+		// Each is retried after its backoff, from its rewrite (nothing of
+		// it needs undoing).
+		scrubErr = err
+	}
 	for _, a := range prepared {
 		if s.ctx.Err() != nil {
 			// Not finished: applied again from the start by the next process.
@@ -445,16 +455,29 @@ func (s *Service) eraseDone(a eraseAttempt, rc storage.Receipt, err error) {
 	}
 }
 
-// prepareErase and finishErase run one step of an erase; a panic (a bug)
-// fails this attempt like any error, so one bad erase neither ends the
-// process nor stops the others.
-func (s *Service) prepareErase(e *storage.EraseEntry) (p *cascade.PreparedErase, err error) {
+// rewriteErase, scrubErases and finishErase run one step of an erase; a
+// panic (a bug) fails this attempt like any error, so one bad erase
+// neither ends the process nor stops the others.
+func (s *Service) rewriteErase(e *storage.EraseEntry) (p *cascade.PreparedErase, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p, err = nil, fmt.Errorf("panic applying erase: %v", r)
 		}
 	}()
-	return s.cfg.Applier.PrepareErase(s.ctx, e, cascade.EraseObserver{})
+	return s.cfg.Applier.RewriteErase(s.ctx, e, cascade.EraseObserver{})
+}
+
+func (s *Service) scrubErases(as []eraseAttempt) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic scrubbing the disk after erases: %v", r)
+		}
+	}()
+	ps := make([]*cascade.PreparedErase, 0, len(as))
+	for _, a := range as {
+		ps = append(ps, a.p)
+	}
+	return s.cfg.Applier.ScrubErases(s.ctx, ps)
 }
 
 func (s *Service) finishErase(p *cascade.PreparedErase) (rc storage.Receipt, err error) {

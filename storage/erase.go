@@ -421,6 +421,20 @@ func (s *Store) Scrub(ctx context.Context, sc Scope, erased []KeyRange) (ScrubSt
 // erase's marker committed (durable.go); marker is its sequence (0 without
 // copies), to hand to ScrubCopies.
 func (s *Store) ScrubDisk(ctx context.Context, sc Scope, erased []KeyRange) (st ScrubStats, marker uint64, err error) {
+	return s.ScrubDiskOf(ctx, []ScrubPart{{Scope: sc, Ranges: erased}})
+}
+
+// ScrubPart is what one erase rewrote: its tenant, and the key ranges.
+type ScrubPart struct {
+	Scope  Scope
+	Ranges []KeyRange
+}
+
+// ScrubDiskOf is ScrubDisk for several erases at once (rewritten one
+// after another, none scrubbed yet): one flush, one wait for the
+// obsolete files and one marker for all, and the compaction of the union
+// of their ranges and of each tenant's jobs keyspace.
+func (s *Store) ScrubDiskOf(ctx context.Context, parts []ScrubPart) (st ScrubStats, marker uint64, err error) {
 	start := time.Now()
 	defer func() { st.Took = time.Since(start) }()
 	// The WAL files that exist now may hold the old values; the flush makes
@@ -442,13 +456,20 @@ func (s *Store) ScrubDisk(ctx context.Context, sc Scope, erased []KeyRange) (st 
 	// wrote, which the erase removed from the versions. Compacting these
 	// and not the tenant's whole keyspaces keeps an erase's cost, and what
 	// a checkpoint then uploads, proportional to what it erased (issue 29).
-	ranges := make([]scrubmark.Range, 0, len(erased)+1)
-	for _, r := range erased {
-		ranges = append(ranges, scrubmark.Range{Start: r.Start, End: r.End})
+	var ranges, jobs []scrubmark.Range
+	tenants := map[string]bool{}
+	for _, p := range parts {
+		for _, r := range p.Ranges {
+			ranges = append(ranges, scrubmark.Range{Start: r.Start, End: r.End})
+		}
+		if !tenants[p.Scope.Tenant()] {
+			tenants[p.Scope.Tenant()] = true
+			lo, hi := TenantRange(ksJobs, p.Scope)
+			jobs = append(jobs, scrubmark.Range{Start: lo, End: hi})
+		}
 	}
-	ranges = scrubmark.Coalesce(ranges, maxScrubRanges-1)
-	lo, hi := TenantRange(ksJobs, sc)
-	ranges = append(ranges, scrubmark.Range{Start: lo, End: hi})
+	jobs = scrubmark.Coalesce(jobs, maxScrubRanges/2)
+	ranges = append(scrubmark.Coalesce(ranges, maxScrubRanges-len(jobs)), jobs...)
 	for _, r := range ranges {
 		if err := s.eng.Compact(ctx, r.Start, r.End, true); err != nil {
 			return st, 0, fmt.Errorf("%w: compact: %w", ErrStorage, err)
