@@ -1342,7 +1342,10 @@ func TestReaderReadsAtTheOwner(t *testing.T) {
 	front := startFreezeProxy(t)
 	target := strings.TrimPrefix(m0.base, "http://")
 	front.target.Store(&target)
-	r := &client.Reader{Base: front.URL(), RefreshEvery: time.Hour}
+	// No hedge to Base within the test's reads: an owner slower than the
+	// default 500 ms on a loaded machine would be read at Base instead
+	// (and, once Base is frozen, not at all).
+	r := &client.Reader{Base: front.URL(), RefreshEvery: time.Hour, HedgeAfter: 10 * time.Second}
 	for tenant := range ids {
 		if code, err := read(r, tenant, 10*time.Second); code != http.StatusOK {
 			t.Fatalf("read of %s through the reader: %d %v", tenant, code, err)

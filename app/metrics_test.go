@@ -286,6 +286,10 @@ func TestMetricsQueueTimeAndOldestPending(t *testing.T) {
 	if got := metricValue(t, w, "telha_consumer_paused"); got != 1 {
 		t.Errorf("telha_consumer_paused = %v while the consumer is paused, want 1", got)
 	}
+	// The last of the 3 too (published after the first two: a test
+	// descheduled between the publishes would resume it too early).
+	last := info.State.LastTime
+	testnats.Eventually(t, 15*time.Second, "the last request waited over 1s", func() bool { return time.Since(last) > time.Second })
 	if _, err := b.js.ResumeConsumer(ctx, cfg.ReqStream, cfg.ConsumerName()); err != nil {
 		t.Fatal(err)
 	}

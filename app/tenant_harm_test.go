@@ -354,7 +354,10 @@ func blockResults(t *testing.T, js jetstream.JetStream) func() {
 func TestHarmDeadLetterResultNotLost(t *testing.T) {
 	ns := testnats.Start(t)
 	logs := newLogBuf()
-	l := launch(t, slog.New(slog.NewTextHandler(logs, nil)), t.TempDir(), "--nats-url", ns.ClientURL(), "--max-deliver", "3")
+	// 10 deliveries: the results stream is blocked from the first result
+	// until the test sees its log and unblocks it (with 3, a loaded
+	// machine could spend them all meanwhile, and the last is not answered).
+	l := launch(t, slog.New(slog.NewTextHandler(logs, nil)), t.TempDir(), "--nats-url", ns.ClientURL(), "--max-deliver", "10")
 	a := l.waitReady()
 	b := newBus(t, ns)
 	mustOK(t, b.wait(b.send("lost", node(uuid.NewString()))))

@@ -34,7 +34,7 @@ func openRegistry(t *testing.T, url string, cfg Config) *Registry {
 // overwritten (the epochs grow by one per change of owner).
 func TestRegistryOneLeaderWritesOnePlan(t *testing.T) {
 	srv := testnats.Start(t)
-	cfg := Config{Slots: 6, Replicas: 1, TTL: 5 * time.Second}
+	cfg := Config{Slots: 6, Replicas: 1, TTL: 30 * time.Second} // no record expires during the rounds
 	pc := PlanConfig{Slots: 6, Standbys: 1, MaxLag: 10}
 	ctx := context.Background()
 	var regs []*Registry
@@ -106,7 +106,9 @@ func TestRegistryOneLeaderWritesOnePlan(t *testing.T) {
 // of Members after the TTL, and Leave removes one at once.
 func TestRegistryExpiredMemberIsGone(t *testing.T) {
 	srv := testnats.Start(t)
-	r := openRegistry(t, srv.ClientURL(), Config{Slots: 2, Replicas: 1, TTL: time.Second})
+	// 3 s: a must not expire before the read after b's Leave (a loaded
+	// machine can take a second over the four KV calls).
+	r := openRegistry(t, srv.ClientURL(), Config{Slots: 2, Replicas: 1, TTL: 3 * time.Second})
 	ctx := context.Background()
 	for _, id := range []string{"a", "b"} {
 		if err := r.Renew(ctx, Member{ID: id}); err != nil {
