@@ -74,6 +74,8 @@ type Options struct {
 	// standbyApplied, when set (tests), stands for a static worker's
 	// standbys (slot.Options.StandbyApplied; a member sets its own).
 	standbyApplied func() []uint64
+	// slotStopWait, when set (tests), is slot.Options.StopWait.
+	slotStopWait time.Duration
 }
 
 // slotOptions are what every slot of this process is given: the seams,
@@ -82,7 +84,7 @@ func (o Options) slotOptions(tracer trace.TracerProvider) slot.Options {
 	return slot.Options{Build: Build, Tracer: tracer, Applying: Applying,
 		Clock: o.Clock, OnReady: o.OnReady, WrapEngine: o.WrapEngine, FS: o.FS, DiskFree: o.DiskFree, CascadeHooks: o.CascadeHooks,
 		ReaperHooks: o.ReaperHooks, OnWriterTask: o.OnWriterTask, CopyScrubStep: o.CopyScrubStep, CopyScrubbed: o.CopyScrubbed,
-		StandbyApplied: o.standbyApplied}
+		StandbyApplied: o.standbyApplied, StopWait: o.slotStopWait}
 }
 
 // NewLogger builds the process logger from the configuration.

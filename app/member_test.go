@@ -1388,10 +1388,21 @@ func TestReaderReadsAtTheOwner(t *testing.T) {
 // in the member, as owner or standby, failed "lock held by current
 // process" until the process exited (a black-box probe saw two slots
 // without a serving owner for 5 minutes).
-func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) {
+func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) { fencedSlotRunsAgain(t, 0) }
+
+// TestAFencedSlotWhoseWorkerStopsLateRunsAgain: the same, when the
+// slot's worker outlasts the slot's stop wait (here 1 ns; a black-box
+// probe saw a worker cut off from NATS wait 10 s on its consumer's
+// drain). The slot's store is closed once the worker is out. Before, it
+// stayed open until the process exited: every later run of the slot in
+// the member failed "lock held by current process", and the slot went
+// unserved for good.
+func TestAFencedSlotWhoseWorkerStopsLateRunsAgain(t *testing.T) { fencedSlotRunsAgain(t, time.Nanosecond) }
+
+func fencedSlotRunsAgain(t *testing.T, stopWait time.Duration) {
 	ns := testnats.Start(t)
 	var runs atomic.Int32 // slot runs that served, of both slots
-	a := startMemberOpts(t, ns.ClientURL(), "a", t.TempDir(), 1, Options{OnReady: func(*slot.Slot) { runs.Add(1) }}, "--ack-wait", "2s")
+	a := startMemberOpts(t, ns.ClientURL(), "a", t.TempDir(), 1, Options{OnReady: func(*slot.Slot) { runs.Add(1) }, slotStopWait: stopWait}, "--ack-wait", "2s")
 	v := a.settledOn(t, "a")
 	s, tenant := ownedTenant(t, v, "a")
 	bus := newBus(t, ns)

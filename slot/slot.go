@@ -67,6 +67,9 @@ type Options struct {
 	// FS is the filesystem the slot's Pebble opens on (nil: the OS's);
 	// tests inject disk faults with it (pebble/vfs/errorfs).
 	FS vfs.FS
+	// StopWait bounds how long a slot whose store stopped waits for its
+	// worker and its reaper (0: 10 s); tests shorten it.
+	StopWait time.Duration
 	// DiskFree replaces the statfs of the disk-space guard.
 	DiskFree func() (uint64, error)
 	// CascadeHooks, when set, are called after the slot's own (tests:
@@ -184,9 +187,10 @@ type Slot struct {
 	// a previous process left (a note on /readyz, not a reason).
 	resuming atomic.Bool
 	// workerLeft: Run returned on the store's own stop with the worker
-	// still running past fatalStopWait: close leaves the store open for
-	// the process's exit (as it does for a parked store).
+	// still running past the stop wait; workerDone says when it stops
+	// (close closes the store then, not before).
 	workerLeft atomic.Bool
+	workerDone <-chan error
 	// drainLate: the drain outlasted --shutdown-grace; close waits on NATS
 	// for nothing more.
 	drainLate atomic.Bool
@@ -582,9 +586,10 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 			stopWork()
 			select {
 			case <-done:
-			case <-time.After(fatalStopWait):
+			case <-time.After(a.stopWait()):
+				a.workerDone = done
 				a.workerLeft.Store(true)
-				log.Error("the worker did not stop after the store did; the store stays open until the process exits", "waited", fatalStopWait)
+				log.Error("the worker did not stop after the store did; the store is closed once it does", "waited", a.stopWait())
 			}
 			return st.FatalErr()
 		case <-stopping:
@@ -880,9 +885,17 @@ func (a *Slot) setPhase(p string) {
 func (a *Slot) Close() error { return a.close() }
 
 // fatalStopWait bounds how long a slot whose store stopped (not parked)
-// waits for its worker, and then for its reaper, before it closes the
-// store; past it the store is left open for the process's exit.
+// waits for its worker, and then for its reaper (Options.StopWait);
+// past it Run and Close return, and the store is closed once they are out
+// (closeLate).
 const fatalStopWait = 10 * time.Second
+
+func (a *Slot) stopWait() time.Duration {
+	if a.opts.StopWait > 0 {
+		return a.opts.StopWait
+	}
+	return fatalStopWait
+}
 
 func (a *Slot) close() error {
 	var errs []error
@@ -906,6 +919,7 @@ func (a *Slot) close() error {
 	// instead of holding the shutdown, or running on after the store
 	// closed. Then wait for every handler (bounded).
 	handlersDone := true
+	var handlersOut <-chan struct{}
 	if a.httpStop != nil {
 		a.httpStop()
 		for _, srv := range a.servers {
@@ -915,11 +929,12 @@ func (a *Slot) close() error {
 			}
 			cancel()
 		}
+		handlersOut = a.inflight.drain()
 		select {
-		case <-a.inflight.drain():
+		case <-handlersOut:
 		case <-time.After(5 * time.Second):
 			handlersDone = false
-			a.log.Error("HTTP handlers still running past the shutdown bound; the store is left open for the process exit to release", "handlers", a.inflight.count())
+			a.log.Error("HTTP handlers still running past the shutdown bound; the store is closed once they are out", "handlers", a.inflight.count())
 		}
 	}
 	if a.changelog != nil {
@@ -927,6 +942,7 @@ func (a *Slot) close() error {
 		a.changelog.stopCheckpoints(!parked)
 	}
 	reaperStopped := true
+	var reaperOut <-chan struct{}
 	switch {
 	case a.reaper == nil:
 	case parked:
@@ -939,9 +955,9 @@ func (a *Slot) close() error {
 		go func() { a.reaper.Halt(); close(halted) }()
 		select {
 		case <-halted:
-		case <-time.After(fatalStopWait):
-			reaperStopped = false
-			a.log.Error("the reaper did not stop after the store did; the store stays open until the process exits", "waited", fatalStopWait)
+		case <-time.After(a.stopWait()):
+			reaperStopped, reaperOut = false, halted
+			a.log.Error("the reaper did not stop after the store did; the store is closed once it does", "waited", a.stopWait())
 		}
 	case abandon:
 		a.reaper.Halt()
@@ -969,12 +985,44 @@ func (a *Slot) close() error {
 	// other once its worker and reaper are out, releasing its directory:
 	// before, a member whose slot was fenced held the slot's Pebble lock
 	// until it exited, and could neither own nor tail that slot again.
-	if a.store != nil && !parked && handlersDone && reaperStopped && !a.workerLeft.Load() {
+	// When one of them outlasted its bound (a NATS call of the worker's
+	// drain, cut off), the store is closed as soon as it is out: before, it
+	// stayed open until the process exited, and the member's later runs
+	// of that slot failed "lock held" for good (a black-box probe cut a
+	// member off from NATS for 30 s under load).
+	switch {
+	case a.store == nil || parked:
+	case handlersDone && reaperStopped && !a.workerLeft.Load():
 		if err := a.store.Close(); err != nil && !fatal {
 			errs = append(errs, err)
 		}
+	default:
+		if handlersDone {
+			handlersOut = nil
+		}
+		go a.closeLate(handlersOut, reaperOut, a.workerDone)
 	}
 	return errors.Join(errs...)
+}
+
+// closeLate closes the store once the HTTP handlers, the reaper and the
+// worker (each nil: already out) are out, however long that takes: they
+// end when their calls to NATS do. Until then the slot's directory stays
+// locked, and a member's next run of the slot fails and is retried.
+func (a *Slot) closeLate(handlers, reaper <-chan struct{}, worker <-chan error) {
+	t0 := time.Now()
+	if handlers != nil {
+		<-handlers
+	}
+	if reaper != nil {
+		<-reaper
+	}
+	if worker != nil {
+		<-worker
+	}
+	err := a.store.Close()
+	a.log.Warn("the slot's store closed after what outlasted its stop (the worker, the reaper or HTTP handlers) was out; its directory is released",
+		"waited", time.Since(t0), "err", err)
 }
 
 // inflight counts the HTTP handlers running; once drained it refuses new
