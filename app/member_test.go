@@ -1397,7 +1397,9 @@ func TestAFencedSlotRunsAgainInTheSameMember(t *testing.T) { fencedSlotRunsAgain
 // stayed open until the process exited: every later run of the slot in
 // the member failed "lock held by current process", and the slot went
 // unserved for good.
-func TestAFencedSlotWhoseWorkerStopsLateRunsAgain(t *testing.T) { fencedSlotRunsAgain(t, time.Nanosecond) }
+func TestAFencedSlotWhoseWorkerStopsLateRunsAgain(t *testing.T) {
+	fencedSlotRunsAgain(t, time.Nanosecond)
+}
 
 func fencedSlotRunsAgain(t *testing.T, stopWait time.Duration) {
 	ns := testnats.Start(t)
