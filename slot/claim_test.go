@@ -154,3 +154,27 @@ func TestTheFeedOfAFencedOwnerStopsItsStore(t *testing.T) {
 		t.Fatalf("the store's fatal error: %v, want ErrFatal wrapping ErrFenced", err)
 	}
 }
+
+// TestAScrubThatWaitedOutTheCheckpointCounts: an erase's scrub of the
+// copies that gives up waiting for the checkpoint in progress is a failed
+// scrub like any other (telha_erase_scrub_failures_total). A black-box
+// probe saw a scheduled checkpoint hang for 10 minutes behind a paused
+// NATS server, and the four scrubs that waited it out counted as none.
+func TestAScrubThatWaitedOutTheCheckpointCounts(t *testing.T) {
+	ctx, _, c, _ := openTestChangelog(t)
+	failed := 0
+	c.scrubFailed = func() { failed++ }
+	if err := c.lock(ctx); err != nil { // a checkpoint in progress
+		t.Fatal(err)
+	}
+	defer c.unlock()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err := c.ScrubCopies(short, 1, func(context.Context, func() error) error { return errors.New("not reached") })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a scrub behind a checkpoint that outlasts it: %v, want its deadline", err)
+	}
+	if failed != 1 {
+		t.Fatalf("%d scrub failures counted, want 1", failed)
+	}
+}
