@@ -237,12 +237,14 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	if err := os.WriteFile(filepath.Join(dir, tablesFile), list, 0o644); err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}
-	if _, err := obs.PutBytes(ctx, TablesName(p, seq), list); err != nil {
+	uctx, done := uploadContext(ctx)
+	defer done()
+	if _, err := obs.PutBytes(uctx, TablesName(p, seq), list); err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: table list: %w", p, name, err)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTar(pw, dir, isTable)) }()
-	info, err := obs.Put(ctx, jetstream.ObjectMeta{
+	info, err := obs.Put(uctx, jetstream.ObjectMeta{
 		Name:        name,
 		Description: fmt.Sprintf("partition %d at changelog sequence %d", p, seq),
 		Metadata: map[string]string{

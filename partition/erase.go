@@ -60,7 +60,9 @@ func DeleteCheckpoint(ctx context.Context, js jetstream.JetStream, obs jetstream
 // object of C bytes in chunks of K bytes writes up to C/K x 8 MB on the
 // NATS server's disk (ChunkSizeFor keeps K large).
 func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string) error {
-	info, err := obs.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
+	info, err := bounded(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) {
+		return obs.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
+	})
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil
 	}
@@ -79,14 +81,16 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 	} else if info.NUID != "" {
 		stream := "OBJ_" + bucket
 		subject := fmt.Sprintf("$O.%s.C.%s", bucket, info.NUID)
-		s, err := js.Stream(ctx, stream)
+		s, err := bounded(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, stream) })
 		if err != nil {
 			return fmt.Errorf("partition: checkpoint %s: %w", name, err)
 		}
 		// How many chunks the subject holds now, from the stream's leader
 		// (not the object's chunk count: a delete cut short has
 		// overwritten some of them already).
-		si, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		si, err := bounded(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) {
+			return s.Info(ctx, jetstream.WithSubjectFilter(subject))
+		})
 		if err != nil {
 			return fmt.Errorf("partition: object %s: count its chunks: %w", name, err)
 		}
@@ -95,7 +99,8 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 			return fmt.Errorf("partition: object %s: list its chunks: %w", name, err)
 		}
 		for _, seq := range seqs {
-			if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.SecureDeleteMsg(ctx, seq) })
+			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				return fmt.Errorf("partition: object %s: overwrite chunk at sequence %d: %w", name, seq, err)
 			}
 		}
@@ -126,7 +131,9 @@ func sequencesOf(ctx context.Context, s jetstream.Stream, subject string, want i
 		seqs = seqs[:0]
 		next := uint64(1)
 		for {
-			m, err := s.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
+			m, err := bounded(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+				return s.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
+			})
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				break
 			}

@@ -188,7 +188,9 @@ func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj strin
 	if pace != nil {
 		r = &pacedReader{ctx: ctx, r: r, pace: pace}
 	}
-	_, err = obs.Put(ctx, meta, r)
+	uctx, done := uploadContext(ctx)
+	defer done()
+	_, err = obs.Put(uctx, meta, r)
 	return err
 }
 

@@ -194,7 +194,9 @@ func (a *Slot) openChangelog(ctx context.Context) (*Changelog, error) {
 // setPhase. standbys (nil: none) lists the applied sequences of the
 // slot's tailing standbys. It returns nil, nil when ctx ends first.
 func OpenChangelog(ctx context.Context, nc *nats.Conn, cfg Config, log *slog.Logger, standbys func() []uint64, setPhase func(string)) (*Changelog, error) {
-	js, err := jetstream.New(nc)
+	// 30 s: the bound of a request made without a deadline, each chunk
+	// of an upload among them (partition.uploadContext).
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(30*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("changelog: %w", err)
 	}
