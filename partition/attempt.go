@@ -16,23 +16,42 @@ import (
 // of three servers for 30 s and saw an erase's scrub of the checkpoints
 // wait its full 2 minutes, and a scheduled checkpoint its 10.
 
-// attemptTimeout bounds one request to the streams; a request that timed
-// out is sent again (to another replica, or to the leader elected
+// attemptTimeout bounds one request to the streams, listAttempt one
+// listing (a consumer created, then every entry read); a request that
+// timed out is sent again (to another replica, or to the leader elected
 // meanwhile) until the caller's context ends.
-const attemptTimeout = 5 * time.Second
+const (
+	attemptTimeout = 5 * time.Second
+	listAttempt    = 10 * time.Second
+)
 
 // bounded runs fn with at most attemptTimeout per try, trying again while
 // a try times out and ctx lasts. fn must be safe to repeat (a read, a
 // delete that finds the message gone the second time).
 func bounded[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	return boundedBy(ctx, attemptTimeout, fn)
+}
+
+// boundedBy is bounded with per as the bound of a try.
+func boundedBy[T any](ctx context.Context, per time.Duration, fn func(context.Context) (T, error)) (T, error) {
 	for {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		actx, cancel := context.WithTimeout(ctx, per)
 		v, err := fn(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil || !unanswered(err) {
 			return v, err
 		}
 	}
+}
+
+// jsSequenceNotFound is the server's answer to a delete of a sequence
+// already deleted (a try whose answer was lost did delete it).
+const jsSequenceNotFound jetstream.ErrorCode = 10043
+
+// gone: a delete found the message already deleted.
+func gone(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrMsgNotFound) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jsSequenceNotFound)
 }
 
 // unanswered: the request timed out, or nobody took it (no leader yet).

@@ -3,8 +3,11 @@ package partition
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestBoundedTriesAgainWhatWentUnanswered: a request that gets no answer
@@ -36,5 +39,26 @@ func TestBoundedTriesAgainWhatWentUnanswered(t *testing.T) {
 	defer cancelShort()
 	if _, err := bounded(short, func(ctx context.Context) (int, error) { <-ctx.Done(); return 0, ctx.Err() }); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("tries past the caller's deadline: %v, want its deadline", err)
+	}
+}
+
+// TestGoneIsADeleteAlreadyDone: a delete tried again after its first
+// answer was lost finds its sequence gone; the server says so with
+// err_code 10043 (a probe's erase failed on it and waited its backoff).
+func TestGoneIsADeleteAlreadyDone(t *testing.T) {
+	seqGone := fmt.Errorf("nats: message deletion unsuccessful: %w", &jetstream.APIError{Code: 400, ErrorCode: 10043, Description: "sequence 34891 not found"})
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{seqGone, true},
+		{jetstream.ErrMsgNotFound, true},
+		{fmt.Errorf("wrapped: %w", jetstream.ErrMsgNotFound), true},
+		{&jetstream.APIError{Code: 500, ErrorCode: 10057, Description: "stream store failed"}, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := gone(c.err); got != c.want {
+			t.Errorf("gone(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

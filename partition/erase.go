@@ -100,7 +100,7 @@ func DeleteObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Obj
 		}
 		for _, seq := range seqs {
 			_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.SecureDeleteMsg(ctx, seq) })
-			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			if err != nil && !gone(err) {
 				return fmt.Errorf("partition: object %s: overwrite chunk at sequence %d: %w", name, seq, err)
 			}
 		}

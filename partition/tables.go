@@ -371,12 +371,22 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 		for _, o := range objs {
 			live[o.Name] = !o.Deleted
 		}
-		names, err := b.keys.ListKeys(ctx)
+		names, err := boundedBy(ctx, listAttempt, func(ctx context.Context) ([]string, error) {
+			l, err := b.keys.ListKeys(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer l.Stop()
+			var out []string
+			for k := range l.Keys() {
+				out = append(out, k)
+			}
+			return out, ctx.Err() // a listing cut short is no listing
+		})
 		if err != nil {
 			return n, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
 		}
-		defer names.Stop()
-		for name := range names.Keys() {
+		for _, name := range names {
 			if strings.HasPrefix(name, prefix+"sst/") && !live[name] {
 				if err := destroyKey(ctx, js, b.keys, bucket, name); err != nil {
 					return n, size, err
@@ -408,7 +418,7 @@ const listTimeout = 30 * time.Second
 func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	return obs.List(ctx)
+	return boundedBy(ctx, listAttempt, func(ctx context.Context) ([]*jetstream.ObjectInfo, error) { return obs.List(ctx) })
 }
 
 // uploadBudget bounds how long pacing may stretch one save's upload: a
