@@ -795,7 +795,12 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 	}
 	// Headers only: the message id names the entity, an edge's headers its
 	// endpoints; the bodies (props and all) stay on the server.
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters, HeadersOnly: true})
+	// MaxResetAttempts: the client recreates an ordered consumer after a
+	// lost server without end by default, deaf to ctx (a probe saw a
+	// member's feed stuck so for 6.5 minutes after a paused NATS server
+	// came back, 29 erases unanswered); bounded, the fetch fails and the
+	// round is retried (as the changelog's reader, partition/replay.go).
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters, HeadersOnly: true, MaxResetAttempts: 3})
 	if err != nil {
 		return nil, nil, err
 	}
