@@ -41,8 +41,18 @@ func boundedBy[T any](ctx context.Context, per time.Duration, fn func(context.Co
 		if err == nil || ctx.Err() != nil || !unanswered(err) {
 			return v, err
 		}
+		// "No responders" comes back at once while a stream has no
+		// leader: a pause, not a loop of requests at the servers.
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(retryPause):
+		}
 	}
 }
+
+// retryPause separates two tries of bounded.
+const retryPause = 250 * time.Millisecond
 
 // jsSequenceNotFound is the server's answer to a delete of a sequence
 // already deleted (a try whose answer was lost did delete it).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -34,6 +35,14 @@ func TestBoundedTriesAgainWhatWentUnanswered(t *testing.T) {
 	tries = 0
 	if _, err := bounded(ctx, func(context.Context) (int, error) { tries++; return 0, refused }); !errors.Is(err, refused) || tries != 1 {
 		t.Fatalf("an answer that is an error: %v after %d tries, want it after 1", err, tries)
+	}
+	// An instant "no responders" (no leader yet) is tried again after a
+	// pause, not in a loop: about 4 tries a second.
+	tries = 0
+	second, cancelSecond := context.WithTimeout(context.Background(), time.Second)
+	defer cancelSecond()
+	if _, err := bounded(second, func(context.Context) (int, error) { tries++; return 0, nats.ErrNoResponders }); !errors.Is(err, nats.ErrNoResponders) || tries > 5 {
+		t.Fatalf("instant no-responders for a second: %v after %d tries, want it after at most 5", err, tries)
 	}
 	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancelShort()

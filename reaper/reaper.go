@@ -403,9 +403,10 @@ func (s *Service) eraseRound() {
 			continue
 		}
 		if scrubErr != nil {
-			// The copies could not be scrubbed for the erase before: each
-			// other would try the same scrub again (up to its bound) in
-			// turn. They fail with it, and are retried after their backoff.
+			// The round's scrub of the disk failed, or the copies could
+			// not be scrubbed for the erase before: each other would try
+			// the same scrub again (up to its bound) in turn. They fail
+			// with it, and are retried after their backoff.
 			s.eraseDone(a, storage.Receipt{}, scrubErr)
 			continue
 		}
