@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/attempt"
 	"github.com/telha/telha-cascade/internal/sealed"
 )
 
@@ -371,7 +372,7 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 		for _, o := range objs {
 			live[o.Name] = !o.Deleted
 		}
-		names, err := boundedBy(ctx, listAttempt, func(ctx context.Context) ([]string, error) {
+		names, err := attempt.Bounded(ctx, listPolicy, func(ctx context.Context) ([]string, error) {
 			l, err := b.keys.ListKeys(ctx)
 			if err != nil {
 				return nil, err
@@ -418,7 +419,7 @@ const listTimeout = 30 * time.Second
 func listObjects(ctx context.Context, obs jetstream.ObjectStore) ([]*jetstream.ObjectInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	return boundedBy(ctx, listAttempt, func(ctx context.Context) ([]*jetstream.ObjectInfo, error) { return obs.List(ctx) })
+	return attempt.Bounded(ctx, listPolicy, func(ctx context.Context) ([]*jetstream.ObjectInfo, error) { return obs.List(ctx) })
 }
 
 // uploadBudget bounds how long pacing may stretch one save's upload: a
