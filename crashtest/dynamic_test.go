@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
@@ -247,6 +248,7 @@ func tenantsPerSlot() ([]string, map[string]int) {
 type dynLoad struct {
 	t      *testing.T
 	c      *client.Client
+	nc     *nats.Conn
 	slotOf map[string]int
 
 	mu        sync.Mutex
@@ -272,7 +274,7 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &dynLoad{t: t, c: c, slotOf: slotOf, published: map[string]pubNode{}, results: map[string][]client.Result{}, firstAt: map[string]time.Time{}}
+	l := &dynLoad{t: t, c: c, nc: nc, slotOf: slotOf, published: map[string]pubNode{}, results: map[string][]client.Result{}, firstAt: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	since := time.Now().Add(-time.Second)
@@ -331,6 +333,22 @@ func newDynLoad(t *testing.T, urls string, tenants []string, slotOf map[string]i
 		}
 	}()
 	return l
+}
+
+// acknowledged returns one of the first 50 nodes whose put was answered
+// ok (the i%50-th, in map order), or nil while there is none.
+func (l *dynLoad) acknowledged(i int) *pubNode {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := 0
+	for rid, p := range l.published {
+		if rs := l.results[rid]; len(rs) == 1 && rs[0].Status == "ok" {
+			if k++; k > i%50 {
+				return &p
+			}
+		}
+	}
+	return nil
 }
 
 // unanswered reports whether a request published has no result yet.
@@ -653,19 +671,7 @@ func (rd *reader) setTargets(ps ...*memberProc) {
 func (rd *reader) run(ctx context.Context, l *dynLoad) {
 	c := http.Client{Timeout: cmp.Or(rd.within, 30*time.Second)}
 	for i := 0; ctx.Err() == nil; i++ {
-		l.mu.Lock()
-		var n *pubNode
-		k := 0
-		for rid, p := range l.published {
-			if rs := l.results[rid]; len(rs) == 1 && rs[0].Status == "ok" {
-				if k++; k > i%50 {
-					p := p
-					n = &p
-					break
-				}
-			}
-		}
-		l.mu.Unlock()
+		n := l.acknowledged(i)
 		rd.mu.Lock()
 		targets := rd.targets
 		rd.mu.Unlock()

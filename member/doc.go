@@ -18,4 +18,8 @@
 // changelog's expected-last-sequence append (package partition). Every
 // member computes the same plan; only the lowest live member id writes it,
 // and the compare-and-set turns two writers into one.
+//
+// Each request to the buckets is bounded per try and sent again when
+// unanswered (package attempt): a round must not wait out its deadline on
+// one request routed to a paused server's replica.
 package member

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/telha/telha-cascade/internal/attempt"
 )
 
 // MembersBucket is the KV bucket of member records.
@@ -49,6 +50,23 @@ type Registry struct {
 	members jetstream.KeyValue
 	owners  jetstream.KeyValue
 	now     func() time.Time
+	tries   attempt.Policy
+}
+
+// registryTries bounds each request of a round: a round makes about ten
+// (a renewal, a listing, a get per member and per slot), each a third of
+// the time routed to a replica on a paused server when one of three is,
+// and a round has half a TTL (3 s by default). Unbounded, one such get
+// failed the whole round, and every member's rounds failed for a whole
+// 30 s pause: their leases lapsed and every read was refused (crashtest
+// TestDynamicANATSServerPaused). A try that times out is sent again (to
+// another replica, or to the leader elected meanwhile) with twice the
+// time, so a slow server is still answered.
+var registryTries = attempt.Policy{First: 250 * time.Millisecond, Max: 2 * time.Second}
+
+// get reads key from kv, its tries bounded.
+func (r *Registry) get(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	return attempt.Bounded(ctx, r.tries, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return kv.Get(ctx, key) })
 }
 
 // Open creates (or binds) both buckets.
@@ -71,7 +89,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Registry, e
 	if err != nil {
 		return nil, fmt.Errorf("member: bucket %s: %w", OwnersBucket(cfg.Slots), err)
 	}
-	return &Registry{cfg: cfg, members: members, owners: owners, now: time.Now}, nil
+	return &Registry{cfg: cfg, members: members, owners: owners, now: time.Now, tries: registryTries}, nil
 }
 
 // Renew writes m's record (and so restarts its TTL).
@@ -81,7 +99,7 @@ func (r *Registry) Renew(ctx context.Context, m Member) error {
 	if err != nil {
 		return fmt.Errorf("member: encode %s: %w", m.ID, err)
 	}
-	if _, err := r.members.Put(ctx, m.ID, b); err != nil {
+	if _, err := attempt.Bounded(ctx, r.tries, func(ctx context.Context) (uint64, error) { return r.members.Put(ctx, m.ID, b) }); err != nil {
 		return fmt.Errorf("member: renew %s: %w", m.ID, err)
 	}
 	return nil
@@ -97,7 +115,7 @@ var ErrDuplicateMember = errors.New("member: another live process uses this memb
 // of this member that died: its record expires within the TTL). Call it
 // before the first Renew; watch should span two of the others' renewals.
 func (r *Registry) CheckDuplicate(ctx context.Context, id, incarnation string, watch time.Duration) error {
-	first, err := r.members.Get(ctx, id)
+	first, err := r.get(ctx, r.members, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
@@ -111,7 +129,7 @@ func (r *Registry) CheckDuplicate(ctx context.Context, id, incarnation string, w
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
-		e, err := r.members.Get(ctx, id)
+		e, err := r.get(ctx, r.members, id)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil // expired or left
 		}
@@ -132,7 +150,7 @@ func (r *Registry) CheckDuplicate(ctx context.Context, id, incarnation string, w
 
 // Leave deletes id's record: its slots move at once, not after the TTL.
 func (r *Registry) Leave(ctx context.Context, id string) error {
-	if err := r.members.Delete(ctx, id); err != nil {
+	if _, err := attempt.Bounded(ctx, r.tries, func(ctx context.Context) (struct{}, error) { return struct{}{}, r.members.Delete(ctx, id) }); err != nil {
 		return fmt.Errorf("member: leave %s: %w", id, err)
 	}
 	return nil
@@ -144,21 +162,35 @@ func (r *Registry) Leave(ctx context.Context, id string) error {
 // member whose clock is skewed against the server's judges the others as
 // the server would; without a record of self, the local clock.
 func (r *Registry) Members(ctx context.Context, self string) ([]Member, error) {
-	lister, err := r.members.ListKeys(ctx)
+	keys, err := attempt.Bounded(ctx, r.tries, func(ctx context.Context) ([]string, error) {
+		lister, err := r.members.ListKeys(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer lister.Stop()
+		var keys []string
+		for {
+			select {
+			case k, ok := <-lister.Keys():
+				if !ok {
+					return keys, nil
+				}
+				keys = append(keys, k)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("member: list: %w", err)
 	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
 	var entries []jetstream.KeyValueEntry
 	now := r.now()
 	for _, k := range keys {
-		e, err := r.members.Get(ctx, k)
+		e, err := r.get(ctx, r.members, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
@@ -195,7 +227,7 @@ func (r *Registry) Assignments(ctx context.Context) ([]Assignment, []uint64, err
 	revs := make([]uint64, r.cfg.Slots)
 	for s := range out {
 		out[s].Slot = s
-		e, err := r.owners.Get(ctx, slotKey(s))
+		e, err := r.get(ctx, r.owners, slotKey(s))
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
@@ -218,11 +250,14 @@ func (r *Registry) Write(ctx context.Context, a Assignment, rev uint64) error {
 	if err != nil {
 		return fmt.Errorf("member: encode slot %d: %w", a.Slot, err)
 	}
-	if rev == 0 {
-		_, err = r.owners.Create(ctx, slotKey(a.Slot), b)
-	} else {
-		_, err = r.owners.Update(ctx, slotKey(a.Slot), b, rev)
-	}
+	// Tried again when unanswered: a try that did write loses the next
+	// one's compare-and-set, a conflict the round re-reads.
+	_, err = attempt.Bounded(ctx, r.tries, func(ctx context.Context) (uint64, error) {
+		if rev == 0 {
+			return r.owners.Create(ctx, slotKey(a.Slot), b)
+		}
+		return r.owners.Update(ctx, slotKey(a.Slot), b, rev)
+	})
 	var apiErr *jetstream.APIError
 	if errors.Is(err, jetstream.ErrKeyExists) || (errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)) {
 		return fmt.Errorf("%w: slot %d: %v", ErrConflict, a.Slot, err)

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -212,5 +213,21 @@ func (c *ProcCluster) WaitJetStream(within time.Duration) {
 	c.t.Helper()
 	for _, p := range c.Procs {
 		Eventually(c.t, within, "JetStream meta leader via "+p.Name, func() bool { return jetStreamReady(p.ClientAddr) })
+	}
+}
+
+// Pause SIGSTOPs the server: its sockets stay open and nothing answers
+// (a frozen VM, a process stuck in the kernel). Resume ends it.
+func (p *ServerProc) Pause() { p.signal(syscall.SIGSTOP) }
+
+// Resume SIGCONTs a paused server.
+func (p *ServerProc) Resume() { p.signal(syscall.SIGCONT) }
+
+func (p *ServerProc) signal(s os.Signal) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(s)
 	}
 }
