@@ -420,7 +420,7 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 				if err := p.settle(ctx, ft); err != nil {
 					return err
 				}
-				if err := p.scrubErase(ctx, sc, c); err != nil {
+				if err := p.scrubErases(ctx, sc, []*storage.Change{c}); err != nil {
 					return err
 				}
 			}
@@ -594,17 +594,23 @@ func (p *FeedPublisher) scrubAhead(ctx context.Context, sc storage.Scope) error 
 	if err != nil {
 		return err
 	}
+	var batch []*storage.Change
 	for i := range todo {
 		c := &todo[i]
-		if p.scrubbedKeys[string(c.EraseKey)] {
-			continue // scrubbed, its mark not saved yet
+		if !p.scrubbedKeys[string(c.EraseKey)] { // else scrubbed, its mark not saved yet
+			batch = append(batch, c)
 		}
-		// With --change-feed-props=false too: the stream may keep puts
-		// published with props before (each put published without them
-		// says so, and is kept).
-		if err := p.scrubErase(ctx, sc, c); err != nil {
-			return err
-		}
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	// With --change-feed-props=false too: the stream may keep puts
+	// published with props before (each put published without them says
+	// so, and is kept). The erases waiting share one read of the feed.
+	if err := p.scrubErases(ctx, sc, batch); err != nil {
+		return err
+	}
+	for _, c := range batch {
 		p.scrubbed = append(p.scrubbed, c)
 		p.scrubbedKeys[string(c.EraseKey)] = true
 	}
@@ -703,59 +709,75 @@ func (p *FeedPublisher) owned(ctx context.Context) error {
 	return nil
 }
 
-// scrubErase deletes from the feed the puts that carried what the erase c
-// erased (scrubFeed), and logs what it deleted.
-func (p *FeedPublisher) scrubErase(ctx context.Context, sc storage.Scope, c *storage.Change) error {
+// scrubErases deletes from the feed the puts that carried what the
+// erases cs (of one tenant) erased (scrubFeed), and logs what it deleted.
+func (p *FeedPublisher) scrubErases(ctx context.Context, sc storage.Scope, cs []*storage.Change) error {
 	// A copy that is no longer the slot's deletes nothing either: its
 	// erase's scrub, run late, would match puts the new owner published
 	// since for an entity of the same id.
 	if err := p.owned(ctx); err != nil {
 		return err
 	}
-	n, overwritten, err := p.scrubFeed(ctx, sc, c)
+	del, err := p.scrubFeed(ctx, sc, cs)
 	if err != nil {
-		return fmt.Errorf("scrub the feed of %s %s: %w", c.V.Kind, c.V.ID, err)
+		what := fmt.Sprintf("%s %s", cs[0].V.Kind, cs[0].V.ID)
+		if len(cs) > 1 {
+			what += fmt.Sprintf(" and %d more erases", len(cs)-1)
+		}
+		return fmt.Errorf("scrub the feed of %s: %w", what, err)
 	}
-	if n > 0 {
-		p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", n, "overwritten", overwritten)
+	for i, c := range cs {
+		if del[i].Deleted > 0 {
+			p.log.Info("change feed: erased puts deleted from the feed", "tenant", sc.Tenant(), "id", c.V.ID, "deleted", del[i].Deleted, "overwritten", del[i].Overwritten, "erases_sharing_the_read", len(cs))
+		}
 	}
 	return nil
 }
 
+// scrubbedPuts is what a scrub of the feed deleted for one erase: how
+// many puts, and how many of those it overwrote.
+type scrubbedPuts struct{ Deleted, Overwritten int }
+
 // scrubFeed deletes from the feed every put of the tenant that carried a
-// payload the erase c erased: the entity's own, and for a node its edges'.
-// It reads the headers of the tenant's puts the stream still keeps (an
-// erase costs a read of them: CONTRACT §5, "Change feed"), then deletes
-// the ones found: the first scrubSecureMax with JetStream's secure delete
-// (the message's bytes overwritten), the entity's own puts first, then its
-// edges'; the rest (a hub's edges) plainly. It returns how many it deleted
-// and how many of those it overwrote.
-func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *storage.Change) (deleted, overwritten int, err error) {
+// payload one of the erases cs erased: the entity's own, and for a node
+// its edges'. It reads the headers of the tenant's puts the stream still
+// keeps once for all of cs (an erase costs a read of them: CONTRACT §5,
+// "Change feed"; erases that waited together share it), then deletes the
+// ones found, for each erase: the first scrubSecureMax with JetStream's
+// secure delete (the message's bytes overwritten), the entity's own puts
+// first, then its edges'; the rest (a hub's edges) plainly. A put two
+// erases carried (an edge of two erased nodes) is the first one's. It
+// returns what it deleted for each of cs, in order.
+func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, cs []*storage.Change) ([]scrubbedPuts, error) {
 	if p.js == nil { // called outside a round (tests)
 		if err := p.dial(ctx); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 	}
+	out := make([]scrubbedPuts, len(cs))
 	stream, err := p.js.Stream(ctx, p.cfg.ChgStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, 0, nil // no feed was ever on (or it was deleted): nothing kept
+		return out, nil // no feed was ever on (or it was deleted): nothing kept
 	}
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	own, edges, err := erasedPuts(ctx, stream, p.cfg.Prefix, sc, c)
+	own, edges, err := erasedPuts(ctx, stream, p.cfg.Prefix, sc, cs)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	seqs := append(own, edges...)
-	overwritten = min(len(seqs), scrubSecureMax)
-	if err := deleteAll(ctx, stream, seqs[:overwritten], true); err != nil {
-		return 0, 0, err
+	for i := range cs {
+		seqs := append(own[i], edges[i]...)
+		overwritten := min(len(seqs), scrubSecureMax)
+		if err := deleteAll(ctx, stream, seqs[:overwritten], true); err != nil {
+			return nil, err
+		}
+		if err := deleteAll(ctx, stream, seqs[overwritten:], false); err != nil {
+			return nil, err
+		}
+		out[i] = scrubbedPuts{Deleted: len(seqs), Overwritten: overwritten}
 	}
-	if err := deleteAll(ctx, stream, seqs[overwritten:], false); err != nil {
-		return 0, 0, err
-	}
-	return len(seqs), overwritten, nil
+	return out, nil
 }
 
 // scrubSecureMax: the most puts an erase's scrub deletes with a secure
@@ -768,14 +790,27 @@ func (p *FeedPublisher) scrubFeed(ctx context.Context, sc storage.Scope, c *stor
 // (f2)).
 const scrubSecureMax = 64
 
-// erasedPuts returns the stream sequences of the tenant's puts that
-// carried what the erase c erased, reading the headers of the tenant's
-// puts the stream keeps: own, the erased entity's; edges, for a node's
-// erase, its edges'.
-func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc storage.Scope, c *storage.Change) (own, edges []uint64, err error) {
-	id := c.V.ID.String()
+// erasedPuts returns, for each erase of cs, the stream sequences of the
+// tenant's puts that carried what it erased, reading the headers of the
+// tenant's puts the stream keeps once for all: own[i], the erased
+// entity's; edges[i], for a node's erase, its edges'. A put is listed
+// once, for the first erase that carried it.
+func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc storage.Scope, cs []*storage.Change) (own, edges [][]uint64, err error) {
+	own, edges = make([][]uint64, len(cs)), make([][]uint64, len(cs))
+	// entity: the erase (its index in cs) of a kind and an id; nodes: of
+	// a node's id, for its edges.
+	entity, nodes := map[string]int{}, map[string]int{}
+	for i := len(cs) - 1; i >= 0; i-- { // the first erase of an entity wins
+		id := cs[i].V.ID.String()
+		kind := client.KindEdge
+		if cs[i].V.Kind == storage.KindNode {
+			kind = client.KindNode
+			nodes[id] = i
+		}
+		entity[kind+"."+id] = i
+	}
 	filters := []string{client.ChangeSubject(prefix, sc.Tenant(), client.KindEdge, client.ChangePut)}
-	if c.V.Kind == storage.KindNode {
+	if len(nodes) > 0 {
 		filters = append(filters, client.ChangeSubject(prefix, sc.Tenant(), client.KindNode, client.ChangePut))
 	}
 	pattern := client.ChangeSubject(prefix, sc.Tenant(), "*", client.ChangePut)
@@ -846,13 +881,19 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			}
 			last = md.NumPending
 			h := m.Headers()
-			switch {
-			case h.Get(client.ChangeNoPropsHeader) == "none":
-				// Published without props: nothing of it was erased.
-			case changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant()) == id:
-				own = append(own, md.Sequence.Stream)
-			case c.V.Kind == storage.KindNode && (h.Get(client.ChangeSrcHeader) == id || h.Get(client.ChangeDstHeader) == id):
-				edges = append(edges, md.Sequence.Stream)
+			if h.Get(client.ChangeNoPropsHeader) == "none" {
+				continue // published without props: nothing of it was erased
+			}
+			if i, ok := entity[changeEntity(h.Get(jetstream.MsgIDHeader), sc.Tenant())]; ok {
+				own[i] = append(own[i], md.Sequence.Stream)
+				continue
+			}
+			i, src := nodes[h.Get(client.ChangeSrcHeader)]
+			if j, dst := nodes[h.Get(client.ChangeDstHeader)]; dst && (!src || j < i) {
+				i, src = j, true
+			}
+			if src {
+				edges[i] = append(edges[i], md.Sequence.Stream)
 			}
 		}
 		seen += uint64(got)
@@ -918,16 +959,17 @@ func deleteAll(ctx context.Context, stream jetstream.Stream, seqs []uint64, secu
 	return errs
 }
 
-// changeEntity is the entity id a change's message id names
-// (chg.<tenant>.<kind>.<id>.<tx>.<valid>: client.ChangeMsgID), or "".
+// changeEntity is the entity a change's message id names, as
+// "<kind>.<id>" (chg.<tenant>.<kind>.<id>.<tx>.<valid>:
+// client.ChangeMsgID), or "".
 func changeEntity(msgID, tenant string) string {
 	rest, ok := strings.CutPrefix(msgID, "chg."+tenant+".")
 	if !ok {
 		return ""
 	}
-	_, rest, _ = strings.Cut(rest, ".") // the kind
+	kind, rest, _ := strings.Cut(rest, ".")
 	id, _, _ := strings.Cut(rest, ".")
-	return id
+	return kind + "." + id
 }
 
 // changeMsg is a change's message. A put whose props would make it larger
