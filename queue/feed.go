@@ -826,7 +826,7 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 		total += n
 	}
 	if total == 0 { // none of the tenant's puts is kept
-		return nil, nil, nil
+		return own, edges, nil
 	}
 	// Headers only: the message id names the entity, an edge's headers its
 	// endpoints; the bodies (props and all) stay on the server.
