@@ -84,7 +84,11 @@ func TestDynamicANATSServerPaused(t *testing.T) {
 	victim.Resume()
 	resumedAt := time.Since(tr.start)
 	t.Logf("resumed at %.1fs; %d erases published during the pause", resumedAt.Seconds(), len(erased))
-	time.Sleep(5 * time.Second) // load and reads after SIGCONT (not a synchronisation)
+	// Load and reads after SIGCONT (not a synchronisation): 20 s, more
+	// than the feed's ack wait, so that a tenant's feed refused "in
+	// process" sees another tenant's publish stored after it, the proof
+	// that lets its erases go on (queue.deadInProcess).
+	time.Sleep(20 * time.Second)
 	stop()
 	wg.Wait()
 	l.waitAnswered(180 * time.Second)
