@@ -53,16 +53,42 @@ type Registry struct {
 	tries   attempt.Policy
 }
 
-// registryTries bounds each request of a round: a round makes about ten
-// (a renewal, a listing, a get per member and per slot), each a third of
-// the time routed to a replica on a paused server when one of three is,
-// and a round has half a TTL (3 s by default). Unbounded, one such get
-// failed the whole round, and every member's rounds failed for a whole
-// 30 s pause: their leases lapsed and every read was refused (crashtest
+// registryTries bounds each request of a round (a renewal, a read of
+// the members, a read of the assignment), and a round has half a TTL
+// (3 s by default). Before, a round also made a direct get per member and
+// per slot, each a third of the time routed to a replica on a paused
+// server when one of three was, and each unbounded: one such get failed
+// the whole round, and every member's rounds failed for a whole 30 s
+// pause: their leases lapsed and every read was refused (crashtest
 // TestDynamicANATSServerPaused). A try that times out is sent again (to
 // another replica, or to the leader elected meanwhile) with twice the
 // time, so a slow server is still answered.
 var registryTries = attempt.Policy{First: 250 * time.Millisecond, Max: 2 * time.Second}
+
+// all reads every live entry of kv with one watcher (its latest value
+// per key), its tries bounded: one consumer's deliveries, not a direct
+// get per key, each of which may be routed to a paused server's replica.
+func (r *Registry) all(ctx context.Context, kv jetstream.KeyValue) ([]jetstream.KeyValueEntry, error) {
+	return attempt.Bounded(ctx, r.tries, func(ctx context.Context) ([]jetstream.KeyValueEntry, error) {
+		w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+		if err != nil {
+			return nil, err
+		}
+		defer w.Stop()
+		var out []jetstream.KeyValueEntry
+		for {
+			select {
+			case e := <-w.Updates():
+				if e == nil { // every key's latest value delivered
+					return out, nil
+				}
+				out = append(out, e)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	})
+}
 
 // get reads key from kv, its tries bounded.
 func (r *Registry) get(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
@@ -162,45 +188,15 @@ func (r *Registry) Leave(ctx context.Context, id string) error {
 // member whose clock is skewed against the server's judges the others as
 // the server would; without a record of self, the local clock.
 func (r *Registry) Members(ctx context.Context, self string) ([]Member, error) {
-	keys, err := attempt.Bounded(ctx, r.tries, func(ctx context.Context) ([]string, error) {
-		lister, err := r.members.ListKeys(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer lister.Stop()
-		var keys []string
-		for {
-			select {
-			case k, ok := <-lister.Keys():
-				if !ok {
-					return keys, nil
-				}
-				keys = append(keys, k)
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-	})
+	entries, err := r.all(ctx, r.members)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("member: list: %w", err)
 	}
-	var entries []jetstream.KeyValueEntry
 	now := r.now()
-	for _, k := range keys {
-		e, err := r.get(ctx, r.members, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("member: get %s: %w", k, err)
-		}
-		if k == self {
+	for _, e := range entries {
+		if e.Key() == self {
 			now = e.Created()
 		}
-		entries = append(entries, e)
 	}
 	var out []Member
 	for _, e := range entries {
@@ -225,14 +221,19 @@ func slotKey(s int) string { return "slot-" + strconv.Itoa(s) }
 func (r *Registry) Assignments(ctx context.Context) ([]Assignment, []uint64, error) {
 	out := make([]Assignment, r.cfg.Slots)
 	revs := make([]uint64, r.cfg.Slots)
+	entries, err := r.all(ctx, r.owners)
+	if err != nil {
+		return nil, nil, fmt.Errorf("member: owners: %w", err)
+	}
+	byKey := map[string]jetstream.KeyValueEntry{}
+	for _, e := range entries {
+		byKey[e.Key()] = e
+	}
 	for s := range out {
 		out[s].Slot = s
-		e, err := r.get(ctx, r.owners, slotKey(s))
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		e, ok := byKey[slotKey(s)]
+		if !ok {
 			continue
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("member: owner of slot %d: %w", s, err)
 		}
 		var a Assignment
 		if err := json.Unmarshal(e.Value(), &a); err != nil || a.Slot != s {
