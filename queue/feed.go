@@ -148,20 +148,20 @@ type FeedPublisher struct {
 	scrubbed     []*storage.Change
 	scrubbedKeys map[string]bool
 	unclean      map[storage.Scope]bool
-	// inProcess: message ids the stream answered "in process"
-	// (deadInProcess); roundBegan: when this round began (its publishes
-	// were sent after); deadOnly: tenants whose last round lost only
-	// messages proven never to be stored.
-	inProcess  *inProcessIDs
-	roundBegan time.Time
-	deadOnly   map[storage.Scope]bool
-	savedAt    time.Time
-	saveEvery  time.Duration
-	read       map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
-	lastN      int                        // changes stored by the last round
-	ownedAt    time.Time                  // when hooks.Owned's last yes was asked
-	notOwned   error                      // hooks.Owned's no, for the rest of the round
-	rate       int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
+	// inProcess: message ids the stream answered "duplicate message id
+	// is in process", and when it first did; lastAck: when a publish was
+	// last stored. deadOnly: tenants whose last round lost only messages
+	// proven never to be stored (deadInProcess).
+	inProcess map[string]time.Time
+	lastAck   time.Time
+	deadOnly  map[storage.Scope]bool
+	savedAt   time.Time
+	saveEvery time.Duration
+	read      map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
+	lastN     int                        // changes stored by the last round
+	ownedAt   time.Time                  // when hooks.Owned's last yes was asked
+	notOwned  error                      // hooks.Owned's no, for the rest of the round
+	rate      int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
 	maxData int
@@ -188,7 +188,7 @@ func newFeedPublisher(fc *FeedConn, st *storage.Store, cfg Config, log *slog.Log
 	}
 	return &FeedPublisher{conn: fc, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
 		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
-		inProcess: newInProcessIDs(cfg.Defaults().ChangesDuplicateWindow), deadOnly: map[storage.Scope]bool{}}
+		inProcess: map[string]time.Time{}, deadOnly: map[storage.Scope]bool{}}
 }
 
 // Close closes the feed's connection if the publisher made it (a
@@ -225,7 +225,7 @@ func (p *FeedPublisher) dial(ctx context.Context) error {
 func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) error {
 	select {
 	case <-f.Ok():
-		p.inProcess.stored(p.roundBegan)
+		p.lastAck = time.Now()
 		return nil
 	case err := <-f.Err():
 		if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
@@ -242,7 +242,7 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 		// picks at random among what is ready).
 		select {
 		case <-f.Ok():
-			p.inProcess.stored(p.roundBegan)
+			p.lastAck = time.Now()
 			return nil
 		case err := <-f.Err():
 			return err
@@ -254,18 +254,45 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 	}
 }
 
-// deadInProcess reports whether err, the answer to publishing f, proves
-// f's message id held "in process" by a proposal that will never be
-// stored (inProcessIDs). A round that lost only such publishes does not
-// hold its tenant's erases: their scrub waits for a round with no
-// publish that may still be stored (scrubAhead), and the tenant's feed
-// may be refused for its whole 10-minute window. The feed itself still
-// waits for it: its message ids are its consumers' (CONTRACT §5).
+// jsMsgIDInProcess: the stream's answer to a publish whose message id it
+// holds as proposed and not yet stored ("duplicate message id is in
+// process").
+const jsMsgIDInProcess jetstream.ErrorCode = 10158
+
+// deadInProcess reports whether err, the answer to publishing f, says
+// that f's message id is held "in process" by a proposal that will never
+// be stored. nats-server (2.15) stages a message id before proposing its
+// message and, when a leader change drops the proposal, forgets the
+// staged id only if no stored message's id came after it: otherwise the
+// id is refused for the stream's whole duplicate window (10 minutes for
+// the feed) though the message was never stored. Seen after a NATS
+// server of three was paused 35 s: a tenant's feed refused for minutes,
+// and its erases, whose scrub waits for a clean round, unanswered
+// (crashtest TestDynamicANATSServerPaused). Proven dead: the id was
+// refused so at t1, and a publish sent after t1 was stored since (an ack
+// received more than the ack wait after t1 answers a publish sent after
+// it). That publish was proposed after the refused one; Raft stores in
+// the order proposed, so had the refused one been kept it would have
+// been stored first, and its id would be answered as a duplicate, not as
+// in process.
 func (p *FeedPublisher) deadInProcess(f jetstream.PubAckFuture, err error) bool {
-	if f == nil || f.Msg() == nil {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsMsgIDInProcess || f == nil || f.Msg() == nil {
 		return false
 	}
-	return p.inProcess.refused(f.Msg().Header.Get(jetstream.MsgIDHeader), err)
+	id := f.Msg().Header.Get(jetstream.MsgIDHeader)
+	now := time.Now()
+	for old, at := range p.inProcess { // refused past any window: forgotten
+		if now.Sub(at) > 2*p.cfg.ChangesDuplicateWindow {
+			delete(p.inProcess, old)
+		}
+	}
+	t1, ok := p.inProcess[id]
+	if !ok {
+		p.inProcess[id] = now
+		return false
+	}
+	return p.lastAck.After(t1.Add(p.conn.ackWait))
 }
 
 // Run publishes until ctx ends: a round after every commit (at most one
@@ -407,7 +434,6 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 	var behind []storage.Scope // tenants this round did not bring up to their horizon
 	var readErr error
 	p.notOwned = nil // a no stands for one round; the next asks again (owned)
-	p.roundBegan = time.Now()
 	if err := p.dial(ctx); err != nil {
 		return false, err
 	}

@@ -31,22 +31,22 @@ func refusedWith(id string) refused {
 // still be stored late (a proposal in flight), and every other error
 // proves nothing.
 func TestDeadInProcess(t *testing.T) {
-	p := newFeedPublisher(newFeedConn(nil, time.Second), nil, Config{}, nil, FeedHooks{})
+	const ackWait = 100 * time.Millisecond
+	p := newFeedPublisher(newFeedConn(nil, ackWait), nil, Config{}, nil, FeedHooks{})
 	inProcess := &jetstream.APIError{Code: 409, ErrorCode: jsMsgIDInProcess, Description: "duplicate message id is in process"}
 	x := refusedWith("chg.acme.node.x.1.1")
-	p.roundBegan = time.Now()
 	if p.deadInProcess(x, inProcess) {
 		t.Fatal("dead at the first refusal")
 	}
 	if p.deadInProcess(x, inProcess) {
 		t.Fatal("dead with no publish stored since")
 	}
-	p.inProcess.stored(p.roundBegan) // stored, but sent in the round of the refusal: maybe before it
+	p.lastAck = time.Now() // an ack within the ack wait: it may answer a publish sent before
 	if p.deadInProcess(x, inProcess) {
-		t.Fatal("dead on a publish that may have been sent before the refusal")
+		t.Fatal("dead on an ack that may answer a publish sent before the refusal")
 	}
-	p.roundBegan = time.Now().Add(time.Millisecond) // the next round
-	p.inProcess.stored(p.roundBegan)                // one of its publishes stored
+	p.inProcess["chg.acme.node.x.1.1"] = time.Now().Add(-time.Second)
+	p.lastAck = time.Now() // an ack 1 s after the first refusal: a later publish was stored
 	if !p.deadInProcess(x, inProcess) {
 		t.Fatal("not dead though a publish sent after the refusal was stored since")
 	}
@@ -57,37 +57,5 @@ func TestDeadInProcess(t *testing.T) {
 		if p.deadInProcess(x, err) {
 			t.Fatalf("%v taken for a dead proposal", err)
 		}
-	}
-}
-
-// TestInProcessIDsLive: a result id proven dead is published under the
-// next id not proven so; the proof needs a publish sent after the first
-// refusal to have been stored, and only "in process" answers count.
-func TestInProcessIDsLive(t *testing.T) {
-	d := newInProcessIDs(2 * time.Minute)
-	inProcess := &jetstream.APIError{Code: 409, ErrorCode: jsMsgIDInProcess}
-	const id = "res.acme.r1.0123456789abcdef"
-	before := time.Now()
-	if d.refused(id, inProcess) || d.live(id) != id {
-		t.Fatal("dead at its first refusal")
-	}
-	d.stored(before) // sent before the refusal: proves nothing
-	if d.refused(id, inProcess) || d.live(id) != id {
-		t.Fatal("dead on a publish sent before the refusal")
-	}
-	d.stored(time.Now())
-	if !d.refused(id, inProcess) || d.live(id) != id+".1" {
-		t.Fatalf("after a later publish stored: live %q, want %q", d.live(id), id+".1")
-	}
-	// id.1 refused in its turn (another leader change), then proven dead.
-	if d.refused(id+".1", inProcess) {
-		t.Fatal("id.1 dead at its first refusal")
-	}
-	d.stored(time.Now().Add(time.Millisecond))
-	if !d.refused(id+".1", inProcess) || d.live(id) != id+".1.1" {
-		t.Fatalf("live %q, want %q", d.live(id), id+".1.1")
-	}
-	if d.refused(id, errors.New("nats: timeout")) || d.live("res.acme.r2.0") != "res.acme.r2.0" {
-		t.Fatal("an id never refused is not its own")
 	}
 }

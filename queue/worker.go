@@ -67,10 +67,6 @@ type Worker struct {
 	store *storage.Store
 	hooks Hooks
 	log   *slog.Logger
-	// inProcess: result ids the results stream holds "in process" for a
-	// publish it dropped (inProcessIDs); such a result is published again
-	// under another id (publishResult).
-	inProcess *inProcessIDs
 
 	cons  jetstream.Consumer
 	loop  atomic.Pointer[consumeLoop]
@@ -96,8 +92,7 @@ func New(nc *nats.Conn, ops *cascade.Ops, cfg Config, hooks Hooks, log *slog.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker{cfg: cfg.Defaults(), nc: nc, js: js, ops: ops, store: ops.Store(), hooks: hooks, log: log,
-		inProcess: newInProcessIDs(cfg.Defaults().DuplicateWindow)}, nil
+	return &Worker{cfg: cfg.Defaults(), nc: nc, js: js, ops: ops, store: ops.Store(), hooks: hooks, log: log}, nil
 }
 
 // Config returns the effective configuration.
@@ -623,10 +618,9 @@ type answers struct {
 const resultAckWait = 30 * time.Second
 
 type pendingResult struct {
-	it   *item
-	fut  jetstream.PubAckFuture
-	res  Result
-	sent time.Time
+	it  *item
+	fut jetstream.PubAckFuture
+	res Result
 }
 
 // finish publishes a group's dead letters and results (the results
@@ -703,14 +697,13 @@ func (w *Worker) finish(work context.Context, items []*item) *answers {
 			w.ack(ctx, it)
 		default:
 			res := resultOfOutcome(&it.req, it.outcome)
-			sent := time.Now()
 			fut, err := w.publishResult(it.trace, res)
 			if err != nil {
 				w.log.Warn("publish result", "request_id", res.RequestID, "err", err)
 				_ = it.msg.NakWithDelay(time.Second)
 				continue
 			}
-			a.pubs = append(a.pubs, pendingResult{it, fut, res, sent})
+			a.pubs = append(a.pubs, pendingResult{it, fut, res})
 		}
 	}
 	return a
@@ -725,7 +718,6 @@ func (w *Worker) settle(a *answers) {
 	for _, p := range a.pubs {
 		select {
 		case <-p.fut.Ok():
-			w.inProcess.stored(p.sent)
 			w.log.Debug("request answered", "tenant", p.res.Tenant, "request_id", p.res.RequestID, "op", p.res.Op, "id", p.res.ID,
 				"status", p.res.Status, "tx_time", p.res.TxTime, "took", time.Since(p.it.received))
 			if w.hooks.Result != nil {
@@ -733,12 +725,7 @@ func (w *Worker) settle(a *answers) {
 			}
 			w.ack(ctx, p.it)
 		case err := <-p.fut.Err():
-			if id := p.fut.Msg().Header.Get(jetstream.MsgIDHeader); w.inProcess.refused(id, err) {
-				w.log.Warn("the results stream holds this result's id for a publish it dropped (a NATS leader change); the request will be redelivered and its result published under another id",
-					"request_id", p.res.RequestID, "msg_id", id)
-			} else {
-				w.log.Warn("result not accepted by the results stream; the request will be redelivered", "request_id", p.res.RequestID, "err", err)
-			}
+			w.log.Warn("result not accepted by the results stream; the request will be redelivered", "request_id", p.res.RequestID, "err", err)
 			_ = p.it.msg.NakWithDelay(time.Second)
 		case <-ctx.Done():
 			_ = p.it.msg.NakWithDelay(time.Second)
@@ -789,12 +776,6 @@ func (w *Worker) publishResult(tc context.Context, res Result) (jetstream.PubAck
 	})
 	defer span.End()
 	m := w.resultMsg(res)
-	// An id the stream holds "in process" for a publish it dropped is
-	// refused for its whole window though nothing was stored under it:
-	// the result goes under the next one (id.1, id.1.1, ...; CONTRACT §5).
-	if id := m.Header.Get(jetstream.MsgIDHeader); id != "" {
-		m.Header.Set(jetstream.MsgIDHeader, w.inProcess.live(id))
-	}
 	TraceContext.Inject(ctx, HeaderCarrier(m.Header))
 	return w.js.PublishMsgAsync(m)
 }
