@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/internal/testnats"
-	"github.com/telha/telha-cascade/queue/client"
 )
 
 // TestDynamicANATSServerPaused: three members under load on a 3-server
@@ -21,8 +18,7 @@ import (
 // three servers are a quorum, so the group must go on: every member
 // serves reads again while the server is still paused (a member
 // connected to it finds its connection stale and moves within about
-// 15 s), and every request is answered exactly once, erases published
-// during the pause among them.
+// 15 s), and every request is answered exactly once.
 //
 // Before registry requests were bounded per try, every member's rounds
 // failed for the whole pause (a third of each round's direct gets went to
@@ -62,33 +58,18 @@ func TestDynamicANATSServerPaused(t *testing.T) {
 	// measured is the members, not the test's publisher.
 	victim := cl.Procs[0]
 	for _, p := range cl.Procs {
-		if !strings.Contains(l.nc.ConnectedUrl(), p.ClientAddr) {
+		if l.nc.ConnectedUrl() != "nats://"+p.ClientAddr {
 			victim = p
 		}
 	}
 	pausedAt := time.Since(tr.start)
 	victim.Pause()
+	t.Cleanup(victim.Resume) // a test that fails mid-pause leaves no server stopped
 	t.Logf("paused %s at %.1fs for %s (the load is on %s)", victim.Name, pausedAt.Seconds(), pause, l.nc.ConnectedUrl())
-	// Erases through the pause, of acknowledged nodes of every slot: each
-	// must be answered (an erase's result waits for the scrub of every
-	// copy: the changelog, the checkpoints, the change feed).
-	erased := map[uuid.UUID]bool{}
-	for i, end := 0, time.Now().Add(pause); time.Now().Before(end); i++ {
-		if n := l.acknowledged(i * 7); n != nil && !erased[n.id] {
-			erased[n.id] = true
-			l.publish(ctx, &client.Request{RequestID: uuid.NewString(), Op: "erase_node", Tenant: n.tenant, ID: n.id.String(),
-				Provenance: &client.Provenance{Actor: "dpo", Reason: "GDPR art. 17"}})
-		}
-		time.Sleep(pause / 12) // an erase every few seconds through the pause
-	}
+	time.Sleep(pause) // the pause itself: the readers and the load run through it
 	victim.Resume()
 	resumedAt := time.Since(tr.start)
-	t.Logf("resumed at %.1fs; %d erases published during the pause", resumedAt.Seconds(), len(erased))
-	// Load and reads after SIGCONT (not a synchronisation): 20 s, more
-	// than the feed's ack wait, so that a tenant's feed refused "in
-	// process" sees another tenant's publish stored after it, the proof
-	// that lets its erases go on (queue.deadInProcess).
-	time.Sleep(20 * time.Second)
+	time.Sleep(5 * time.Second) // load and reads after SIGCONT (not a synchronisation)
 	stop()
 	wg.Wait()
 	l.waitAnswered(180 * time.Second)

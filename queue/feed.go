@@ -148,20 +148,13 @@ type FeedPublisher struct {
 	scrubbed     []*storage.Change
 	scrubbedKeys map[string]bool
 	unclean      map[storage.Scope]bool
-	// inProcess: message ids the stream answered "duplicate message id
-	// is in process", and when it first did; lastAck: when a publish was
-	// last stored. deadOnly: tenants whose last round lost only messages
-	// proven never to be stored (deadInProcess).
-	inProcess map[string]time.Time
-	lastAck   time.Time
-	deadOnly  map[storage.Scope]bool
-	savedAt   time.Time
-	saveEvery time.Duration
-	read      map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
-	lastN     int                        // changes stored by the last round
-	ownedAt   time.Time                  // when hooks.Owned's last yes was asked
-	notOwned  error                      // hooks.Owned's no, for the rest of the round
-	rate      int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
+	savedAt      time.Time
+	saveEvery    time.Duration
+	read         map[storage.Scope]feedRead // tenants read up to their horizon (skipped while nothing moves)
+	lastN        int                        // changes stored by the last round
+	ownedAt      time.Time                  // when hooks.Owned's last yes was asked
+	notOwned     error                      // hooks.Owned's no, for the rest of the round
+	rate         int                        // changes per second at most (Config.ChangesMaxRate; 0: unpaced)
 	// maxData: the largest body the server takes (its max payload, less
 	// room for the subject and headers).
 	maxData int
@@ -187,8 +180,7 @@ func newFeedPublisher(fc *FeedConn, st *storage.Store, cfg Config, log *slog.Log
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &FeedPublisher{conn: fc, st: st, cfg: cfg.Defaults(), log: log, hooks: hooks, pos: map[storage.Scope]storage.FeedPos{},
-		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate,
-		inProcess: map[string]time.Time{}, deadOnly: map[storage.Scope]bool{}}
+		dirty: map[storage.Scope]storage.FeedPos{}, scrubbedKeys: map[string]bool{}, unclean: map[storage.Scope]bool{}, saveEvery: feedSaveEvery, read: map[storage.Scope]feedRead{}, rate: cfg.Defaults().ChangesMaxRate}
 }
 
 // Close closes the feed's connection if the publisher made it (a
@@ -225,7 +217,6 @@ func (p *FeedPublisher) dial(ctx context.Context) error {
 func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) error {
 	select {
 	case <-f.Ok():
-		p.lastAck = time.Now()
 		return nil
 	case err := <-f.Err():
 		if errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
@@ -242,7 +233,6 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 		// picks at random among what is ready).
 		select {
 		case <-f.Ok():
-			p.lastAck = time.Now()
 			return nil
 		case err := <-f.Err():
 			return err
@@ -252,47 +242,6 @@ func (p *FeedPublisher) answer(ctx context.Context, f jetstream.PubAckFuture) er
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// jsMsgIDInProcess: the stream's answer to a publish whose message id it
-// holds as proposed and not yet stored ("duplicate message id is in
-// process").
-const jsMsgIDInProcess jetstream.ErrorCode = 10158
-
-// deadInProcess reports whether err, the answer to publishing f, says
-// that f's message id is held "in process" by a proposal that will never
-// be stored. nats-server (2.15) stages a message id before proposing its
-// message and, when a leader change drops the proposal, forgets the
-// staged id only if no stored message's id came after it: otherwise the
-// id is refused for the stream's whole duplicate window (10 minutes for
-// the feed) though the message was never stored. Seen after a NATS
-// server of three was paused 35 s: a tenant's feed refused for minutes,
-// and its erases, whose scrub waits for a clean round, unanswered
-// (crashtest TestDynamicANATSServerPaused). Proven dead: the id was
-// refused so at t1, and a publish sent after t1 was stored since (an ack
-// received more than the ack wait after t1 answers a publish sent after
-// it). That publish was proposed after the refused one; Raft stores in
-// the order proposed, so had the refused one been kept it would have
-// been stored first, and its id would be answered as a duplicate, not as
-// in process.
-func (p *FeedPublisher) deadInProcess(f jetstream.PubAckFuture, err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsMsgIDInProcess || f == nil || f.Msg() == nil {
-		return false
-	}
-	id := f.Msg().Header.Get(jetstream.MsgIDHeader)
-	now := time.Now()
-	for old, at := range p.inProcess { // refused past any window: forgotten
-		if now.Sub(at) > 2*p.cfg.ChangesDuplicateWindow {
-			delete(p.inProcess, old)
-		}
-	}
-	t1, ok := p.inProcess[id]
-	if !ok {
-		p.inProcess[id] = now
-		return false
-	}
-	return p.lastAck.After(t1.Add(p.conn.ackWait))
 }
 
 // Run publishes until ctx ends: a round after every commit (at most one
@@ -420,10 +369,7 @@ type feedTenant struct {
 	futs   []jetstream.PubAckFuture // published, their acks not received yet
 	stored int                      // published and acked (before an erase, or the probe)
 	lost   error                    // a publish of this round failed (settle)
-	// lostLive: a publish of this round failed that may still be stored
-	// late (any failure but a dead "in process": deadInProcess).
-	lostLive bool
-	erased   [][]byte
+	erased [][]byte
 }
 
 // Round publishes what every tenant's feed holds up to its horizon (at
@@ -544,17 +490,14 @@ func (p *FeedPublisher) Round(ctx context.Context) (more bool, err error) {
 					ackErr = errors.Join(ackErr, fmt.Errorf("tenant %s: %w", ft.sc, err))
 				}
 				failed = true
-				ft.lostLive = ft.lostLive || !p.deadInProcess(f, err)
 			}
 		}
 		if failed {
 			p.unclean[ft.sc] = true
-			p.deadOnly[ft.sc] = !ft.lostLive
 			behind = append(behind, ft.sc)
 			continue
 		}
 		delete(p.unclean, ft.sc) // every publish of its round stored
-		delete(p.deadOnly, ft.sc)
 		if ft.pos == p.pos[ft.sc] && len(ft.erased) == 0 {
 			continue
 		}
@@ -644,8 +587,8 @@ func (p *FeedPublisher) save(ctx context.Context) error {
 // (its row is written in the batch that finishes it). The erase's own
 // message is published in order later, without a second scrub.
 func (p *FeedPublisher) scrubAhead(ctx context.Context, sc storage.Scope) error {
-	if p.unclean[sc] && !p.deadOnly[sc] {
-		return nil // a publish lost may still be stored: wait for a clean round
+	if p.unclean[sc] {
+		return nil
 	}
 	todo, err := p.st.FeedErasesToScrub(sc)
 	if err != nil {
@@ -736,7 +679,6 @@ func (p *FeedPublisher) settle(ctx context.Context, ft *feedTenant) error {
 				return err
 			}
 			ft.lost = err
-			ft.lostLive = ft.lostLive || !p.deadInProcess(f, err)
 			ft.futs = ft.futs[i+1:]
 			return err
 		}
