@@ -1,6 +1,7 @@
 package member
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -74,21 +75,47 @@ func (r *Registry) all(ctx context.Context, kv jetstream.KeyValue) ([]jetstream.
 		if err != nil {
 			return nil, err
 		}
-		defer w.Stop()
-		var out []jetstream.KeyValueEntry
+		defer func() {
+			_ = w.Stop()
+			// A try given up mid-read leaves entries the client is still
+			// delivering: its handler blocks on a full channel (256) while
+			// holding the lock the close needs. Read them until the close.
+			go func() {
+				for range w.Updates() {
+				}
+			}()
+		}()
+		// By key, the highest revision: an ordered consumer reset mid-read
+		// delivers again from where it stood.
+		latest := map[string]jetstream.KeyValueEntry{}
 		for {
 			select {
-			case e := <-w.Updates():
+			case e, ok := <-w.Updates():
+				if !ok {
+					// Closed before every key's latest value was delivered
+					// (the try's deadline, the connection): not a list.
+					return nil, fmt.Errorf("the watcher of %s ended mid-read: %w", kv.Bucket(), cmp.Or(ctx.Err(), errWatchEnded))
+				}
 				if e == nil { // every key's latest value delivered
+					out := make([]jetstream.KeyValueEntry, 0, len(latest))
+					for _, e := range latest {
+						out = append(out, e)
+					}
 					return out, nil
 				}
-				out = append(out, e)
+				if prev, ok := latest[e.Key()]; !ok || e.Revision() > prev.Revision() {
+					latest[e.Key()] = e
+				}
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 		}
 	})
 }
+
+// errWatchEnded: a watcher's channel closed before its initial values
+// were all delivered.
+var errWatchEnded = errors.New("member: the watcher ended")
 
 // get reads key from kv, its tries bounded.
 func (r *Registry) get(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
