@@ -181,7 +181,8 @@ type slotRun struct {
 	phase atomic.Pointer[string]
 	// slowLogged: when the loop last said this start is slow (loop only).
 	slowLogged time.Time
-	// endOnce closes done (standby: its run ends, or its copy broke).
+	// endOnce closes done: the run ends, or its copy broke (a Pebble
+	// fatal error: tail's OnFatal, or the owner's OnCopyFatal).
 	endOnce sync.Once
 
 	// standby: its copy, read while it tails (standbyRead). viewMu is held
@@ -215,9 +216,10 @@ func (r *slotRun) halt() {
 	r.stop()
 }
 
-// end records err as a standby run's end and closes done, once: the run's
+// end records err as the run's end and closes done, once: the run's
 // goroutine ends, or a Pebble fatal error ends the run while that
-// goroutine stays parked inside Pebble (tail's OnFatal).
+// goroutine stays parked inside Pebble (a standby's tail OnFatal, an
+// owner's OnCopyFatal).
 func (r *slotRun) end(err error) {
 	r.endOnce.Do(func() {
 		r.err = err
@@ -1050,16 +1052,28 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 		m.log.Warn("member: slot directory", "slot", s, "err", err)
 	}
 	m.log.Info("member: taking a slot", "slot", s, "epoch", epoch)
+	// A Pebble fatal error in the catch-up, before the slot's store opens
+	// (a failed MANIFEST or WAL write: its disk failed), ends this run,
+	// not the process, as a standby's does (tail): the next round gives
+	// the slot up (reconcile, m.broken) and the member serves its other
+	// slots. The goroutine that met it parks inside Pebble.
+	o.OnCopyFatal = func(err error) {
+		m.log.Error("member: Pebble failed on a slot's copy while catching it up; the member and its other slots go on", "slot", s, "err", err)
+		r.app.Store(nil)
+		r.end(err)
+		r.stop()
+		m.poke()
+		select {}
+	}
 	go func() {
 		defer m.poke()
-		defer close(r.done)
 		sl, err := slot.New(m.slotConfig(s), m.log.With("slot", s), o)
 		if err == nil {
 			err = sl.Run(ctx)
 		}
-		r.err = err
+		defer r.end(err)
 		r.app.Store(nil)
-		if lostClaim(r.err, r.served.Load()) {
+		if lostClaim(err, r.served.Load()) {
 			// Another writer appended between our catch-up and our claim:
 			// the previous owner, still running. Its next append is
 			// refused; this slot run starts again (reconcile), the member
@@ -1067,13 +1081,13 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 			return
 		}
 		switch {
-		case r.err != nil && errors.Is(r.err, ErrUsage):
+		case err != nil && errors.Is(err, ErrUsage):
 			// A configuration every slot shares: the member cannot go on.
 			select {
-			case m.fatal <- fmt.Errorf("slot %d: %w", s, r.err):
+			case m.fatal <- fmt.Errorf("slot %d: %w", s, err):
 			default:
 			}
-		case r.err != nil && errors.Is(r.err, storage.ErrFatal):
+		case err != nil && errors.Is(err, storage.ErrFatal):
 			// One slot fails alone (issue 30 item 2): fenced (another
 			// member owns it now: this one was paused or cut off past its
 			// TTL) or its store broke. The member and its other slots go
@@ -1081,7 +1095,7 @@ func (m *memberRun) startOwner(s int, epoch uint64) *slotRun {
 			// round starts it again if the slot is still this member's.
 			// Broken (storage.ErrEngine), its copy stays locked: the next
 			// round gives the slot up (reconcile, m.broken).
-			m.log.Error("member: a slot stopped on a fatal error; the member and its other slots go on", "slot", s, "err", r.err)
+			m.log.Error("member: a slot stopped on a fatal error; the member and its other slots go on", "slot", s, "err", err)
 		}
 	}()
 	return r

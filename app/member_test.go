@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1623,4 +1624,95 @@ func TestABrokenStandbyCopyEndsOnlyItsRun(t *testing.T) {
 	if v, code := a.view(); code != 200 || v.Assignments[mine].Owner != "a" || !v.Assignments[mine].Ready {
 		t.Fatalf("a's own slot %d after its standby broke: %d %+v", mine, code, v.Assignments)
 	}
+}
+
+// TestABrokenCopyInTheCatchUpEndsOnlyItsRun: a member starts on a
+// changelog another member wrote and left, and Pebble fails on its copy
+// of one slot while the catch-up replays that slot's changelog (a flush
+// cannot write the MANIFEST: a fatal error, before the slot's store
+// opens). The member gives that slot up and lists it broken; it serves
+// the other. Before, the catch-up had no handler for Pebble's fatal
+// errors: it panicked the whole process, every slot of the member with
+// it.
+func TestABrokenCopyInTheCatchUpEndsOnlyItsRun(t *testing.T) {
+	ns := testnats.Start(t)
+	b := startMemberOpts(t, ns.ClientURL(), "b", t.TempDir(), 0, Options{})
+	v := b.settledOn(t, "b")
+	s, tenant := ownedTenant(t, v, "b")
+	other := ""
+	for i := 0; other == ""; i++ {
+		if name := fmt.Sprintf("acme%d", i); queue.Partition(name, 4)%2 != s {
+			other = name
+		}
+	}
+	bus := newBus(t, ns)
+	// About 3 MB of write-sets in slot s's changelog, and no checkpoint.
+	big := strings.Repeat("x", 30<<10)
+	var ids []string
+	for range 100 {
+		n := node(uuid.NewString())
+		n["props"] = map[string]any{"blob": big}
+		ids = append(ids, bus.send(tenant, n))
+	}
+	for _, id := range ids {
+		mustOK(t, bus.wait(id))
+	}
+	b.cancel()
+	select {
+	case err := <-b.done:
+		b.done <- err // for the cleanup
+	case <-time.After(60 * time.Second):
+		t.Fatal("b did not stop")
+	}
+
+	dirA := t.TempDir()
+	failing := filepath.Join(dirA, "slots", strconv.Itoa(s)) + string(filepath.Separator)
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind.ReadOrWrite() != errorfs.OpIsWrite || !strings.HasPrefix(op.Path, failing) ||
+			!strings.Contains(filepath.Base(op.Path), "MANIFEST") {
+			return nil
+		}
+		// Pebble's open writes a MANIFEST too: let it (an open that
+		// fails returns an error, not the fatal error under test).
+		stack := make([]byte, 64<<10)
+		if strings.Contains(string(stack[:runtime.Stack(stack, false)]), "pebble/v2.Open(") {
+			return nil
+		}
+		return errorfs.ErrInjected
+	})
+	// A 1 MiB memtable: the replay of slot s flushes.
+	a := startMemberOpts(t, ns.ClientURL(), "a", dirA, 0, Options{FS: errorfs.Wrap(vfs.Default, inj)}, "--pebble-memtable-mb", "1")
+	testnats.Eventually(t, 60*time.Second, fmt.Sprintf("a lists slot %d broken", s), func() bool {
+		var p struct {
+			Members []struct {
+				ID     string `json:"id"`
+				Broken []int  `json:"broken"`
+			} `json:"members"`
+		}
+		if !getJSON(a.base+"/v1/partitions", &p) {
+			return false
+		}
+		for _, m := range p.Members {
+			if m.ID == "a" && slices.Equal(m.Broken, []int{s}) {
+				return true
+			}
+		}
+		return false
+	})
+	// a serves the other slot.
+	mustOK(t, bus.wait(bus.send(other, node(uuid.NewString()))))
+	if v, code := a.view(); code != 200 || v.Assignments[1-s].Owner != "a" || !v.Assignments[1-s].Ready {
+		t.Fatalf("a's slot %d after its catch-up of slot %d broke: %d %+v", 1-s, s, code, v.Assignments)
+	}
+}
+
+// getJSON decodes the 200 answer of a GET of url into v, and says whether
+// it could.
+func getJSON(url string, v any) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(v) == nil
 }

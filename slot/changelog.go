@@ -184,6 +184,11 @@ func (a *Slot) openChangelog(ctx context.Context) (*Changelog, error) {
 	c, err := OpenChangelog(ctx, a.nc, a.cfg, a.log, a.standbyApplied, a.setPhase)
 	if c != nil {
 		c.FS = a.opts.FS
+		if f := a.opts.OnCopyFatal; f != nil {
+			c.OnFatal = func(msg string) {
+				f(fmt.Errorf("%w: %w: the catch-up of slot %d's copy: %s", storage.ErrFatal, storage.ErrEngine, c.part, msg))
+			}
+		}
 	}
 	return c, err
 }

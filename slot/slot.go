@@ -110,6 +110,15 @@ type Options struct {
 	// it), and closes it if it stops first. With --changelog off it is
 	// closed unused.
 	Copy *storage.PebbleEngine
+	// OnCopyFatal, set by a member, receives a Pebble fatal error of the
+	// slot's copy met before its store opens (the changelog's restore and
+	// catch-up: a failed MANIFEST or WAL write), wrapped in
+	// storage.ErrFatal and storage.ErrEngine. Like Pebble's Fatalf it
+	// must not return: the goroutine that met it is inside Pebble, and
+	// the copy stays locked until the process exits. Nil: the error
+	// panics the process (a static worker: its supervisor restarts it).
+	// Once the store opens, its fatal errors end Run instead.
+	OnCopyFatal func(err error)
 }
 
 // DeniedReasons are the reasons of telha_api_denied_total.
