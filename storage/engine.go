@@ -103,11 +103,28 @@ type Sizes struct {
 // size.
 func tune(opts *pebble.Options, sz Sizes) {
 	opts.MemTableSize = sz.MemTableBytes
+	opts.TargetFileSizes = TargetFileSizes
 	opts.Comparer = Comparer
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = EntityBloom
 	}
 }
+
+// TargetFileSizes are the sizes Pebble cuts its tables at: L0, then the
+// base level and each level below it. Pebble's defaults (2 MiB, doubling
+// at each level) make the tables just above the bottom level 8 MiB on a
+// 1 GB store, and an erase's compaction of one entity's key range drags
+// in one such table and every bottom-level table under its span (the
+// levels are ten times apart): about 80-100 MB rewritten, and uploaded to
+// the checkpoint bucket, per erase. Smaller tables at the top (1 MiB
+// for L0 and the base level, doubling below) cut that about four times
+// (DECISIONS 86, BENCHMARKS "Smaller tables at the top"); the bottom
+// levels keep tables of a few MiB, so a store holds about four times
+// more tables than with the defaults, not eight (a checkpoint links
+// every table, and the last one of an erase's scrub holds the writer).
+// A store written with other sizes opens as it is: a table's size is
+// only where a compaction cuts its outputs.
+var TargetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20}
 
 // Comparer is the store's key order: Pebble's bytewise comparer, under its
 // own name, with EntitySplit as its Split. The order and the name are what
