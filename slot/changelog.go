@@ -124,9 +124,10 @@ type Changelog struct {
 	// tests inject faults with it (Options.FS).
 	FS vfs.FS
 	// OnFatal receives a Pebble fatal error of a copy this changelog
-	// opens, until a store opens on it (storage.OpenStoreOn takes them
-	// over). Like Pebble's Fatalf it must not return. nil: the error
-	// panics the process.
+	// opens, or is handed open (a standby's, promoted in place), until a
+	// store opens on it (storage.OpenStoreOn takes them over). Like
+	// Pebble's Fatalf it must not return. nil: the error panics the
+	// process.
 	OnFatal func(msg string)
 
 	// standbys returns the applied sequences of the slot's tailing
@@ -357,9 +358,21 @@ func (c *Changelog) CatchUp(ctx context.Context, dir string, sizes storage.Sizes
 // of dir, already open: it is inspected as if just opened, and closed on
 // an error like one it opened).
 func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes, standby bool, kept *storage.PebbleEngine) (*storage.PebbleEngine, error) {
+	// A Pebble that raised a fatal error is never closed (its goroutine
+	// is parked inside it, holding its locks: a Close would wait for good)
+	// and never used again.
+	var broke atomic.Bool
+	onFatal := c.OnFatal
+	if f := c.OnFatal; f != nil {
+		onFatal = func(msg string) {
+			broke.Store(true)
+			f(msg)
+		}
+	}
 	var pe *storage.PebbleEngine
 	closeDB := func() error {
-		if pe == nil {
+		if pe == nil || broke.Load() {
+			pe = nil
 			return nil
 		}
 		err := pe.Close()
@@ -367,6 +380,11 @@ func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		return err
 	}
 	pe = kept
+	if kept != nil && onFatal != nil {
+		// A standby's copy promoted in place: its fatal errors were its
+		// tail's, whose run has ended; they are this catch-up's now.
+		kept.SetFatal(onFatal)
+	}
 	defer closeDB()
 	if !bytes.Equal(storage.AppliedSeqKey(), partition.AppliedKey()) {
 		return nil, fmt.Errorf("changelog: storage writes the applied sequence at %x, partition reads it at %x", storage.AppliedSeqKey(), partition.AppliedKey())
@@ -388,7 +406,7 @@ func (c *Changelog) catchUp(ctx context.Context, dir string, sizes storage.Sizes
 		if pe == nil {
 			// The slot's logger, and no fatal handler yet: the store that
 			// opens on this Pebble takes its fatal errors (OpenStoreOn).
-			if pe, err = storage.OpenPebble(dir, c.FS, c.log, c.OnFatal, nil, sizes); err != nil {
+			if pe, err = storage.OpenPebble(dir, c.FS, c.log, onFatal, nil, sizes); err != nil {
 				return nil, err
 			}
 		}

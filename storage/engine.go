@@ -59,8 +59,10 @@ func (e *PebbleEngine) setLog(l *slog.Logger) {
 	}
 }
 
-// setFatal routes Pebble's fatal errors to f from now on.
-func (e *PebbleEngine) setFatal(f func(string)) { e.fatal.Store(&f) }
+// SetFatal routes Pebble's fatal errors to f from now on (a copy handed
+// from one owner of it to another: a standby's to the slot that promotes
+// it). Like Pebble's Fatalf, f must not return.
+func (e *PebbleEngine) SetFatal(f func(string)) { e.fatal.Store(&f) }
 
 // StallCounter counts Pebble's write stalls (for metrics).
 type StallCounter struct {
@@ -103,14 +105,14 @@ type Sizes struct {
 // size.
 func tune(opts *pebble.Options, sz Sizes) {
 	opts.MemTableSize = sz.MemTableBytes
-	opts.TargetFileSizes = TargetFileSizes
+	opts.TargetFileSizes = targetFileSizes
 	opts.Comparer = Comparer
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = EntityBloom
 	}
 }
 
-// TargetFileSizes are the sizes Pebble cuts its tables at: L0, then the
+// targetFileSizes are the sizes Pebble cuts its tables at: L0, then the
 // base level and each level below it. Pebble's defaults (2 MiB, doubling
 // at each level) make the tables just above the bottom level 8 MiB on a
 // 1 GB store, and an erase's compaction of one entity's key range drags
@@ -124,7 +126,7 @@ func tune(opts *pebble.Options, sz Sizes) {
 // every table, and the last one of an erase's scrub holds the writer).
 // A store written with other sizes opens as it is: a table's size is
 // only where a compaction cuts its outputs.
-var TargetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20}
+var targetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20}
 
 // Comparer is the store's key order: Pebble's bytewise comparer, under its
 // own name, with EntitySplit as its Split. The order and the name are what

@@ -151,7 +151,7 @@ func OpenStore(dir string, opts Options) (*Store, error) {
 // again.
 func OpenStoreOn(pe *PebbleEngine, dir string, opts Options) (*Store, error) {
 	fatal := newFatalState()
-	pe.setFatal(fatal.raise)
+	pe.SetFatal(fatal.raise)
 	pe.setLog(opts.Logger)
 	var eng Engine = pe
 	if opts.WrapEngine != nil {
