@@ -106,6 +106,7 @@ type Sizes struct {
 func tune(opts *pebble.Options, sz Sizes) {
 	opts.MemTableSize = sz.MemTableBytes
 	opts.TargetFileSizes = targetFileSizes
+	opts.MaxManifestFileSize = maxManifestBytes
 	opts.Comparer = Comparer
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = EntityBloom
@@ -127,6 +128,17 @@ func tune(opts *pebble.Options, sz Sizes) {
 // A store written with other sizes opens as it is: a table's size is
 // only where a compaction cuts its outputs.
 var targetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20}
+
+// maxManifestBytes bounds Pebble's MANIFEST before it is rolled over
+// (a new one starts from a snapshot of the current tables). Pebble's
+// default, 128 MiB, lets every flush and compaction append its edit
+// (about 190 bytes a flush with its compactions) for months, and every
+// checkpoint carries the MANIFEST whole in its archive: a busy slot's
+// saves, and the last save of an erase's scrub, which runs under the
+// writer, would upload tens of MB of old edits. 1 MiB keeps it at about
+// the size of one snapshot (Pebble rolls over only once the edits
+// outweigh the snapshot). BenchmarkManifestAfterFlushes measures both.
+const maxManifestBytes = 1 << 20
 
 // Comparer is the store's key order: Pebble's bytewise comparer, under its
 // own name, with EntitySplit as its Split. The order and the name are what
