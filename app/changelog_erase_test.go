@@ -328,6 +328,86 @@ func TestChangelogEraseDoesNotHoldTheWriter(t *testing.T) {
 	}
 }
 
+// TestWritesDuringAScrubRestoreFromItsTail (issue 29, DECISIONS 88):
+// puts committed while an erase's scrub runs are stored, under the writer,
+// as a tail checkpoint of the scrub's first save, not a second save of the
+// store: the erase's data is in no NATS file and no checkpoint after its
+// result, and a worker that loses its disk restores the base and the tail
+// and answers every put.
+func TestWritesDuringAScrubRestoreFromItsTail(t *testing.T) {
+	ns := testnats.Start(t)
+	dir := t.TempDir()
+	opts, reached, release := holdFirstScrub("checkpointed")
+	w := startWorker(t, ns, dir, opts, changelogFlags...)
+	b := newBus(t, ns)
+	gone, kept := diskscan.Marker("GONE"), diskscan.Marker("KEPT")
+	n := uuid.NewString()
+	mustOK(t, b.wait(b.send("gdpr", withMarker(node(n), gone))))
+	rid := b.send("gdpr", eraseNode(n, "GDPR art. 17"))
+	select {
+	case <-reached:
+	case <-time.After(time.Minute):
+		t.Fatal("the erase's scrub never reached its checkpoint")
+	}
+	// Puts sent together while the scrub waits (the worker commits them
+	// in groups): the tail's write-sets.
+	during := ids(6)
+	var sent []string
+	for _, id := range during {
+		sent = append(sent, b.send("bystander", withMarker(node(id), kept)))
+	}
+	for _, r := range sent {
+		mustOK(t, b.wait(r))
+	}
+	close(release)
+	mustOK(t, b.wait(rid))
+	st := w.app.ChangelogStatus()
+	final := st.LastCheckpoint
+	if st.LastScrub.TailWriteSets < 1 || final.Base == "" || st.PurgedBelow != final.Seq+1 {
+		t.Fatalf("after the erase: last scrub %+v, checkpoint %+v, purged below %d; want a tail checkpoint and the log purged through it",
+			st.LastScrub, final, st.PurgedBelow)
+	}
+	obs := mustObs(t, b.js, "TELHA_CKPT_STATIC1")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cps, err := partition.ListCheckpoints(ctx, obs, 0)
+	if err != nil || len(cps) != 2 || cps[0].Name != final.Base || cps[1].Name != final.Name {
+		t.Fatalf("checkpoints after the erase: %+v (%v), want the tail %s and its base %s", cps, err, final.Name, final.Base)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(purgesPending(t, ns.Opts.StoreDir)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if hits := filesWith(t, ns.Opts.StoreDir, gone); len(hits) > 0 {
+		t.Fatalf("after the erase's result, NATS files %v hold the erased data", hits)
+	}
+	if len(objectsWith(t, obs, kept)) == 0 {
+		t.Fatal("the puts during the scrub are in no checkpoint: the scan is blind, or the tail lost them")
+	}
+
+	if err := w.stop(); err != nil {
+		t.Fatal(err)
+	}
+	loseDisk(t, dir)
+	w = startWorker(t, ns, dir, Options{}, changelogFlags...)
+	if st := w.app.ChangelogStatus(); !st.Restored || st.RestoredSeq != final.Seq {
+		t.Fatalf("restart on an empty disk: %+v, want the tail at %d restored", st, final.Seq)
+	}
+	for _, id := range during {
+		var v api.Version
+		if code := w.get("/v1/tenants/bystander/nodes/"+id, &v); code != http.StatusOK || !strings.Contains(string(v.Props), kept) {
+			t.Fatalf("a put made during the scrub, after the restore: %d %+v", code, v)
+		}
+	}
+	var rec api.Erasure
+	if code := w.get("/v1/tenants/gdpr/erasures/"+rid, &rec); code != http.StatusOK || rec.State != "done" {
+		t.Fatalf("erasure record after the restore: %d %+v", code, rec)
+	}
+	if hits := filesWith(t, filepath.Join(dir, "pebble"), gone); len(hits) > 0 {
+		t.Fatalf("the restored store holds the erased data in %v", hits)
+	}
+}
+
 // TestErasesArrivingDuringAScrubShareTheNext (issue 29, batched scrubs):
 // three erases that arrive while an erase's scrub of the copies runs are
 // answered after one more scrub between them, not three: each is prepared

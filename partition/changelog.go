@@ -1,11 +1,13 @@
 package partition
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,6 +147,9 @@ type Changelog struct {
 	// Changelog has read and, when it completed a write-set, applied.
 	readThrough atomic.Uint64
 
+	// rec, when not nil, keeps every write-set appended (Record).
+	rec *Recording
+
 	// Test hooks, nil in production.
 	dropAck    func(attempt int) bool      // true: discard this attempt's ack as if lost
 	beforePart func(part, parts int) error // non-nil error: stop before publishing this part
@@ -253,7 +258,60 @@ func (c *Changelog) Append(ctx context.Context, writeSet []byte) (uint64, error)
 		c.last = seq
 		c.lastSeen.Store(seq)
 	}
+	if r := c.rec; r != nil && !r.over {
+		if r.bytes += len(writeSet); r.bytes > r.max {
+			r.over, r.entries = true, nil
+		} else {
+			r.entries = append(r.entries, TailEntry{Seq: c.last, WriteSet: bytes.Clone(writeSet)})
+		}
+	}
 	return c.last, nil
+}
+
+// Recording keeps the write-sets one writer appends from the moment it
+// began (Record), so that a caller holding the writer can store what
+// committed since a checkpoint without reading it back from the stream
+// (an erase's tail checkpoint, tail.go).
+type Recording struct {
+	from    uint64 // the log's last sequence when it began
+	max     int
+	bytes   int
+	over    bool
+	entries []TailEntry
+}
+
+// From is the last sequence before the recording began: it holds every
+// write-set appended after it.
+func (r *Recording) From() uint64 { return r.from }
+
+// Record begins a recording of every write-set this writer appends, up to
+// maxBytes of them (past that it keeps nothing: Recorded says so). One
+// recording at a time: a new one replaces the last. StopRecording ends it.
+func (c *Changelog) Record(maxBytes int) *Recording {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rec = &Recording{from: c.last, max: maxBytes}
+	return c.rec
+}
+
+// StopRecording ends r, if it is still the recording.
+func (c *Changelog) StopRecording(r *Recording) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rec == r {
+		c.rec = nil
+	}
+}
+
+// Recorded returns the write-sets r recorded, in order, and false when it
+// outgrew its bound or was replaced (some were not kept).
+func (c *Changelog) Recorded(r *Recording) ([]TailEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.over || c.rec != r {
+		return nil, false
+	}
+	return slices.Clone(r.entries), true
 }
 
 // msgID is the Nats-Msg-Id of the message a writer publishes after

@@ -82,6 +82,11 @@ type CheckpointInfo struct {
 	// save, for the next save's SaveOptions.Stored (nil when the save found
 	// its checkpoint already stored).
 	Stored map[string]bool `json:"-"`
+	// Base names the whole checkpoint a tail checkpoint extends (tail.go);
+	// "" for a whole checkpoint. TailWriteSets is how many write-sets a
+	// tail SaveTail stored holds.
+	Base          string `json:",omitempty"`
+	TailWriteSets int    `json:",omitempty"`
 }
 
 // CheckpointName is the object name of partition p's checkpoint at seq.
@@ -218,7 +223,8 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	// without overwriting them, leaving their bytes in the bucket's block
 	// files, where an erase could not reach them (erase.go).
 	if old, err := obs.GetInfo(ctx, name); err == nil && !old.Deleted {
-		return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true}, nil
+		return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true,
+			Base: old.Metadata[metaBase]}, nil
 	} else if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
 	}
@@ -377,7 +383,11 @@ func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]C
 		if !ok || op != p || o.Deleted {
 			continue
 		}
-		out = append(out, CheckpointInfo{Partition: p, Seq: seq, Name: o.Name, Size: o.Size, Modified: o.ModTime})
+		cp := CheckpointInfo{Partition: p, Seq: seq, Name: o.Name, Size: o.Size, Modified: o.ModTime}
+		if o.Metadata[metaFormat] == formatTail {
+			cp.Base = o.Metadata[metaBase]
+		}
+		out = append(out, cp)
 	}
 	slices.SortFunc(out, func(a, b CheckpointInfo) int {
 		switch {
@@ -396,7 +406,8 @@ const restorePrefix = ".restore-"
 
 // Restore fetches partition p's newest checkpoint into dstDir, which must
 // not exist or be empty, and returns the changelog sequence it reflects:
-// replay from seq + 1 to catch up. It extracts into a sibling temporary
+// replay from seq + 1 to catch up (a tail checkpoint: its base, then its
+// write-sets, tail.go). It extracts into a sibling temporary
 // directory, checks the object's digest (the Object Store verifies SHA-256
 // at the end of the read), opens the result read-only to check that its
 // applied sequence matches the object's name, and only then renames it
@@ -416,7 +427,11 @@ func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir strin
 	// owner's save raced a collection) is passed over for the next older.
 	var first error
 	for i := len(cps) - 1; i >= 0; i-- {
-		seq, err := restoreOne(ctx, obs, p, cps[i], dstDir)
+		restore := restoreOne
+		if cps[i].Base != "" {
+			restore = restoreTail
+		}
+		seq, err := restore(ctx, obs, p, cps[i], dstDir)
 		if err == nil {
 			return seq, nil
 		}
@@ -432,6 +447,21 @@ func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir strin
 
 // restoreOne restores checkpoint cp into dstDir (see Restore).
 func restoreOne(ctx context.Context, obs jetstream.ObjectStore, p int, cp CheckpointInfo, dstDir string) (uint64, error) {
+	return stageRestore(p, cp, dstDir, func(dir string) error {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+		if err := fetchCheckpoint(ctx, obs, cp.Name, dir); err != nil {
+			return err
+		}
+		return fetchTables(ctx, obs, p, dir)
+	})
+}
+
+// stageRestore fills a directory beside dstDir with fill, checks that the
+// store there reflects cp.Seq, and only then moves it into dstDir, so
+// dstDir is either absent/empty or a whole checkpoint.
+func stageRestore(p int, cp CheckpointInfo, dstDir string, fill func(dir string) error) (uint64, error) {
 	parent := filepath.Dir(filepath.Clean(dstDir))
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
@@ -440,30 +470,34 @@ func restoreOne(ctx context.Context, obs jetstream.ObjectStore, p int, cp Checkp
 	if err != nil {
 		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
 	}
-	defer os.RemoveAll(tmp) // a no-op once renamed
-	if err := fetchCheckpoint(ctx, obs, cp.Name, tmp); err != nil {
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "db")
+	if err := fill(dir); err != nil {
 		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
 	}
-	if err := fetchTables(ctx, obs, p, tmp); err != nil {
-		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
-	}
-	seq, err := appliedSeqInDir(tmp)
+	seq, err := appliedSeqInDir(dir)
 	if err != nil {
 		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
 	}
 	if seq != cp.Seq {
 		return 0, fmt.Errorf("%w: partition %d: checkpoint %s holds applied sequence %d", ErrCorrupt, p, cp.Name, seq)
 	}
-	if err := os.Remove(dstDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
-	}
-	if err := os.Rename(tmp, dstDir); err != nil {
-		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
-	}
-	if err := syncDir(parent); err != nil {
+	if err := moveRestored(dir, dstDir); err != nil {
 		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
 	}
 	return seq, nil
+}
+
+// moveRestored puts the restored store in dir into dstDir (absent or
+// empty), durably.
+func moveRestored(dir, dstDir string) error {
+	if err := os.Remove(dstDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.Rename(dir, dstDir); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(filepath.Clean(dstDir)))
 }
 
 func requireEmpty(dir string) error {
@@ -550,7 +584,8 @@ func writeFile(path string, r io.Reader) error {
 	return f.Close()
 }
 
-// Prune deletes all but partition p's newest keep checkpoints and returns
+// Prune deletes all but partition p's newest keep checkpoints (and the
+// bases of the tail checkpoints kept, tail.go) and returns
 // the lowest changelog sequence still needed: the oldest kept checkpoint's
 // sequence + 1 (1 when there is no checkpoint: the whole log is needed).
 // Pass it to PurgeFloor, with the standbys' applied sequences, before
@@ -573,7 +608,16 @@ func PruneWith(ctx context.Context, obs jetstream.ObjectStore, p int, keep int, 
 		return 1, nil
 	}
 	cut := max(0, len(cps)-keep)
+	bases := map[string]bool{}
+	for _, cp := range cps[cut:] {
+		if cp.Base != "" {
+			bases[cp.Base] = true
+		}
+	}
 	for _, cp := range cps[:cut] {
+		if bases[cp.Name] {
+			continue // a kept tail's base: it goes with its tail
+		}
 		if err := del(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 			return 0, fmt.Errorf("partition %d: prune %s: %w", p, cp.Name, err)
 		}

@@ -35,6 +35,27 @@ func (c *Changelog) Replay(ctx context.Context, fromSeq uint64, fn ApplyFunc) er
 	return c.read(ctx, fromSeq, info.State.LastSeq, fn)
 }
 
+// ReadRange calls fn, in order, for every whole write-set whose last
+// message is in [fromSeq, through] (through must be stored), and
+// ErrTruncated when the log was purged above fromSeq.
+func (c *Changelog) ReadRange(ctx context.Context, fromSeq, through uint64, fn ApplyFunc) error {
+	fromSeq = max(fromSeq, 1)
+	if through < fromSeq {
+		return nil
+	}
+	info, err := c.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("partition %d: changelog info: %w", c.cfg.Partition, err)
+	}
+	if err := c.checkHeld(fromSeq, info.State); err != nil {
+		return err
+	}
+	if through > info.State.LastSeq {
+		return fmt.Errorf("partition %d: read through %d, the log ends at %d", c.cfg.Partition, through, info.State.LastSeq)
+	}
+	return c.read(ctx, fromSeq, through, fn)
+}
+
 // Tail is Replay that does not stop at the end: it keeps following the
 // changelog (a warm standby's loop) until ctx ends, and then returns
 // ctx.Err(), or until fn or the changelog fails.

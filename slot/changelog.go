@@ -108,6 +108,9 @@ type ScrubStatus struct {
 	BytesUploaded   uint64        // sent to the checkpoint bucket
 	TablesCollected int           // table objects deleted (a sealed one by destroying its key)
 	BytesCollected  uint64
+	// TailWriteSets: the write-sets step 3 stored as a tail checkpoint
+	// (0 when it saved whole, or found nothing committed since step 1).
+	TailWriteSets int
 }
 
 // Changelog is the running changelog of a slot (the owner's), or the
@@ -766,11 +769,15 @@ const standbyCatchUpWait = 10 * time.Second
 //	                     written since the last one, among them the erase's
 //	                     compaction outputs); its sequence C >= marker
 //	2 beside the writer  wait (bounded) until every standby has applied C
-//	3 on the writer      the log stands still at L >= C: if L > C, save
-//	                     again (only what the groups of step 1 wrote), then
-//	                     purge the changelog whole, below L + 1 (the server
-//	                     deletes every block file: a purge inside a block
-//	                     would keep the purged messages' bytes, erase.go)
+//	3 on the writer      the log stands still at L >= C: if L > C, store
+//	                     what the groups of steps 1-2 wrote (C, L] as a
+//	                     tail checkpoint of C (partition.SaveTail: the
+//	                     write-sets recorded as they were appended, no
+//	                     table linked; a whole save when one holds an
+//	                     erase marker), then purge the changelog whole,
+//	                     below L + 1 (the server deletes every block file:
+//	                     a purge inside a block would keep the purged
+//	                     messages' bytes, erase.go)
 //	4 beside the writer  delete every older checkpoint and collect the
 //	                     tables no kept checkpoint holds, each overwritten
 //	                     in place by the server (partition.DeleteObject)
@@ -810,6 +817,11 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if db == nil {
 		return errors.New("changelog: store not open")
 	}
+	// Every write-set appended from now on is kept for step 3's tail; the
+	// ones appended before and not yet in the checkpoint are read back
+	// from the log beside the writer (readTail).
+	rec := c.cl.Record(maxTailBytes)
+	defer c.cl.StopRecording(rec)
 	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.pacedSaveOptions())
 	if err != nil {
 		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
@@ -819,28 +831,43 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	}
 	c.step("checkpointed")
 	c.waitStandbys(ctx, first.Seq)
+	before, err := c.readTail(ctx, first.Seq, rec.From())
+	if err != nil {
+		return err
+	}
 	final, purged := first, uint64(0)
 	var held time.Duration
 	err = onWriter(ctx, func() error {
 		h0 := time.Now()
 		defer func() { held = time.Since(h0) }()
 		last := c.cl.Last()
-		if last != first.Seq {
-			// Nothing commits while the writer is held: the store reflects
-			// exactly the log's last sequence.
-			opts := c.saveOptions()
-			opts.Seq = last
-			opts.Stored = first.Stored // the lock is held since: nothing was deleted
-			var err error
-			if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts); err != nil {
-				return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
+		if last == first.Seq {
+			return c.purgeAll(ctx, last, &purged)
+		}
+		// Nothing commits while the writer is held: the store reflects
+		// exactly the log's last sequence, and the recording holds every
+		// write-set after rec.From() through it.
+		if after, ok := c.cl.Recorded(rec); ok && before != nil {
+			for len(after) > 0 && after[0].Seq <= first.Seq {
+				after = after[1:] // in the checkpoint already
 			}
+			tail, err := partition.SaveTail(ctx, c.obs, c.part, first, last, append(before, after...), c.chunk)
+			if err == nil {
+				final = tail
+				return c.purgeAll(ctx, last, &purged)
+			}
+			if !errors.Is(err, partition.ErrNoTail) {
+				return fmt.Errorf("changelog: tail checkpoint after an erase: %w", err)
+			}
+			c.log.Info("changelog: an erase's last save is whole", "reason", err)
 		}
-		if err := c.cl.PurgeBelow(ctx, last+1); err != nil {
-			return fmt.Errorf("changelog: purge after an erase: %w", err)
+		opts := c.saveOptions()
+		opts.Seq = last
+		opts.Stored = first.Stored // the lock is held since: nothing was deleted
+		if final, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts); err != nil {
+			return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
 		}
-		purged = last + 1
-		return nil
+		return c.purgeAll(ctx, last, &purged)
 	})
 	if err != nil {
 		return err
@@ -852,8 +879,8 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	}
 	deleted := 0
 	for _, cp := range cps {
-		if cp.Seq >= final.Seq {
-			continue
+		if cp.Seq >= final.Seq || cp.Name == final.Base {
+			continue // the new checkpoint, or the base of its tail
 		}
 		if err := c.deleteCheckpoint(ctx, cp.Name); err != nil {
 			return fmt.Errorf("changelog: delete checkpoint %s after an erase: %w", cp.Name, err)
@@ -870,7 +897,8 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	c.status.LastCheckpoint, c.status.LastAt, c.status.LastErr, c.status.PurgedBelow = final, time.Now(), "", purged
 	c.status.EraseScrubs++
 	c.status.LastScrub = ScrubStatus{Marker: marker, Took: time.Since(t0), WriterHeld: held,
-		BytesUploaded: first.BytesUploaded + ifNew(final, first).BytesUploaded, TablesCollected: collected, BytesCollected: collectedBytes}
+		BytesUploaded: first.BytesUploaded + ifNew(final, first).BytesUploaded, TablesCollected: collected, BytesCollected: collectedBytes,
+		TailWriteSets: final.TailWriteSets}
 	last := c.status.LastScrub
 	c.mu.Unlock()
 	if c.scrubbedHook != nil {
@@ -878,7 +906,46 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	}
 	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", final.Name, "seq", final.Seq,
 		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
-		"tables_collected", collected, "bytes_collected", collectedBytes, "writer_held", held, "took", time.Since(t0))
+		"tables_collected", collected, "bytes_collected", collectedBytes, "tail_write_sets", final.TailWriteSets,
+		"writer_held", held, "took", time.Since(t0))
+	return nil
+}
+
+// maxTailBytes bounds what an erase's scrub keeps of the write-sets
+// appended while it runs (the tail of step 3); past it the last save is
+// whole.
+const maxTailBytes = 64 << 20
+
+// readTail returns the whole write-sets of the log after seq through
+// from (those committed before the recording began and not in the
+// checkpoint at seq), read back beside the writer; an empty, non-nil
+// slice when there are none. nil (and no error) when they cannot be read:
+// the last save is then whole.
+func (c *Changelog) readTail(ctx context.Context, seq, from uint64) ([]partition.TailEntry, error) {
+	out := []partition.TailEntry{}
+	if from <= seq {
+		return out, nil
+	}
+	err := c.cl.ReadRange(ctx, seq+1, from, func(s uint64, ws []byte) error {
+		out = append(out, partition.TailEntry{Seq: s, WriteSet: bytes.Clone(ws)})
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		c.log.Warn("changelog: an erase's scrub could not read back what committed before its checkpoint; its last save is whole", "err", err)
+		return nil, nil
+	}
+	return out, nil
+}
+
+// purgeAll purges the changelog whole, below last + 1 (on the writer).
+func (c *Changelog) purgeAll(ctx context.Context, last uint64, purged *uint64) error {
+	if err := c.cl.PurgeBelow(ctx, last+1); err != nil {
+		return fmt.Errorf("changelog: purge after an erase: %w", err)
+	}
+	*purged = last + 1
 	return nil
 }
 
