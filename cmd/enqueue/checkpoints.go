@@ -77,6 +77,9 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		Seq      uint64    `json:"seq"`
 		Bytes    uint64    `json:"bytes"`
 		Modified time.Time `json:"modified"`
+		// Base: a tail checkpoint's base (docs/CONTRACT.md); --get
+		// copies whole checkpoints only.
+		Base string `json:"base,omitempty"`
 	}
 	var rows []row
 	for _, in := range infos {
@@ -91,7 +94,11 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		if tb, err := strconv.ParseUint(in.Metadata[metaTablesBytes], 10, 64); err == nil {
 			size += tb // format 2: the tables are objects of their own
 		}
-		rows = append(rows, row{Name: in.Name, Slot: p, Seq: seq, Bytes: size, Modified: in.ModTime.UTC()})
+		r := row{Name: in.Name, Slot: p, Seq: seq, Bytes: size, Modified: in.ModTime.UTC()}
+		if in.Metadata[metaFormat] == formatTail {
+			r.Base = in.Metadata[metaBase]
+		}
+		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].Slot != rows[j].Slot {
@@ -124,6 +131,14 @@ func parseCheckpointName(name string) (slot int, seq uint64, ok bool) {
 // the bytes of its tables (package partition writes it).
 const metaTablesBytes = "telha-tables-bytes"
 
+// A tail checkpoint (metaFormat formatTail) is its base (metaBase) and
+// the write-sets committed after it: not a store a tar can restore.
+const (
+	metaFormat = "telha-format"
+	formatTail = "telha-checkpoint-tail/1"
+	metaBase   = "telha-base"
+)
+
 // tablesFile is the table list in a format-2 checkpoint's archive
 // (docs/CONTRACT.md: the checkpoint bucket): the tables are objects of
 // their own, named by their SHA-256.
@@ -152,6 +167,12 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, keys func() 
 		return err
 	}
 	defer res.Close()
+	if info, err := res.Info(); err != nil {
+		return err
+	} else if info.Metadata[metaFormat] == formatTail {
+		return fmt.Errorf("%s is a tail checkpoint (its base %s and the write-sets committed after it, stored by an erase's scrub): "+
+			"not a whole store; copy its base, or the next scheduled checkpoint, which is whole", name, info.Metadata[metaBase])
+	}
 	tr, tw := tar.NewReader(res), tar.NewWriter(f)
 	for {
 		hdr, err := tr.Next()

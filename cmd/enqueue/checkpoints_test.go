@@ -167,3 +167,38 @@ func sealedTables(t *testing.T, url, bucket string) int {
 	}
 	return n
 }
+
+// TestCheckpointsGetRefusesATail: a tail checkpoint (an erase's scrub
+// stores one) is listed with its base, and --get refuses it with a
+// message naming the base, writing no file.
+func TestCheckpointsGetRefusesATail(t *testing.T) {
+	ns := testnats.Start(t)
+	url := ns.ClientURL()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(testnats.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "TELHA_CKPT_STATIC1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, name := "partition-0/seq-00000000000000000007.tar", "partition-0/seq-00000000000000000009.tar"
+	if _, err := obs.Put(ctx, jetstream.ObjectMeta{Name: name, Metadata: map[string]string{
+		"telha-partition": "0", "telha-seq": "9", metaFormat: formatTail, metaBase: base}}, strings.NewReader("telha-tail/1\n")); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := enqueue(t, "checkpoints", "--nats-url", url, "--slots", "1")
+	if code != 0 || !strings.Contains(out, `"base":"`+base+`"`) {
+		t.Fatalf("checkpoints: %d %q %q, want the tail listed with its base", code, out, errOut)
+	}
+	file := filepath.Join(t.TempDir(), "tail.tar")
+	code, out, errOut = enqueue(t, "checkpoints", "--nats-url", url, "--slots", "1", "--get", name, "--out", file)
+	if code == 0 || !strings.Contains(errOut, "tail checkpoint") || !strings.Contains(errOut, base) {
+		t.Fatalf("checkpoints --get of a tail: %d %q %q, want a refusal naming its base", code, out, errOut)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("--get of a tail left %s: %v", file, err)
+	}
+}
