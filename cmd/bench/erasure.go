@@ -56,10 +56,13 @@ type ErasureReport struct {
 	UploadedMBMean   float64   `json:"uploaded_mb_per_erase"`
 	CollectedMBMean  float64   `json:"collected_mb_per_erase"`
 	ScrubMeanSeconds float64   `json:"scrub_mean_seconds"`
-	Bystander        int       `json:"bystander_requests"`
-	BystanderP50ms   float64   `json:"bystander_p50_ms"`
-	BystanderP99ms   float64   `json:"bystander_p99_ms"`
-	BystanderMaxms   float64   `json:"bystander_max_ms"`
+	// TailWriteSetsMean: the write-sets the held step stored as a tail
+	// checkpoint, per erase (0 for a scrub whose last save was whole).
+	TailWriteSetsMean float64 `json:"tail_write_sets_per_erase"`
+	Bystander         int     `json:"bystander_requests"`
+	BystanderP50ms    float64 `json:"bystander_p50_ms"`
+	BystanderP99ms    float64 `json:"bystander_p99_ms"`
+	BystanderMaxms    float64 `json:"bystander_max_ms"`
 	// The bystander's puts split by whether they were in flight while a
 	// scrub of the copies ran: what the scrub costs the other tenants,
 	// against what the machine costs them anyway.
@@ -320,7 +323,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		}
 	}
 	var last time.Time
-	var held, uploaded, collected, scrub []float64
+	var held, uploaded, collected, scrub, tails []float64
 	seenScrubs := a.ChangelogStatus().EraseScrubs
 	for _, e := range es {
 		got, err := wait(e.rid, 5*time.Minute)
@@ -343,6 +346,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		uploaded = append(uploaded, float64(s.BytesUploaded)/(1<<20))
 		collected = append(collected, float64(s.BytesCollected)/(1<<20))
 		scrub = append(scrub, s.Took.Seconds())
+		tails = append(tails, float64(s.TailWriteSets))
 	}
 	scrubMu.Unlock()
 	if len(held) == 0 {
@@ -353,6 +357,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	rep.ErasesPerSecond = round3(float64(len(es)) / last.Sub(start).Seconds())
 	rep.WriterHeldMaxMs, rep.WriterHeldMeanMs = round3(slices.Max(held)), round3(mean(held))
 	rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds = round3(mean(uploaded)), round3(mean(collected)), round3(mean(scrub))
+	rep.TailWriteSetsMean = round3(mean(tails))
 	var lat, in, out []float64
 	scrubMu.Lock()
 	ws := slices.Clone(windows)
@@ -386,9 +391,9 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms = len(lat), pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1)
 	rep.BystanderInScrub, rep.BystanderInScrubP99ms, rep.BystanderInScrubMaxms = len(in), pct(in, 0.99), pct(in, 1)
 	rep.BystanderOutScrubP99ms, rep.BystanderOutScrubMaxms = pct(out, 0.99), pct(out, 1)
-	pg.printf("%s: %.0f MB: %d erases %s apart answered in %v s (max %.2f s, %.2f erases/s); scrub of the copies: writer held mean %.1f ms max %.1f ms, %.2f MB uploaded and %.2f MB of tables deleted per erase, %.2f s each; bystander puts (%d): p50 %.1f ms, p99 %.1f ms, max %.1f ms; of them in flight during a scrub (%d): p99 %.1f ms, max %.1f ms; the others: p99 %.1f ms, max %.1f ms",
+	pg.printf("%s: %.0f MB: %d erases %s apart answered in %v s (max %.2f s, %.2f erases/s); scrub of the copies: writer held mean %.1f ms max %.1f ms (a tail of %.0f write-sets), %.2f MB uploaded and %.2f MB of tables deleted per erase, %.2f s each; bystander puts (%d): p50 %.1f ms, p99 %.1f ms, max %.1f ms; of them in flight during a scrub (%d): p99 %.1f ms, max %.1f ms; the others: p99 %.1f ms, max %.1f ms",
 		name, rep.StoreMB, rep.Erases, o.erasureInterval, rep.EraseSeconds, rep.EraseMaxSeconds, rep.ErasesPerSecond,
-		rep.WriterHeldMeanMs, rep.WriterHeldMaxMs, rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds,
+		rep.WriterHeldMeanMs, rep.WriterHeldMaxMs, rep.TailWriteSetsMean, rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds,
 		rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms,
 		rep.BystanderInScrub, rep.BystanderInScrubP99ms, rep.BystanderInScrubMaxms, rep.BystanderOutScrubP99ms, rep.BystanderOutScrubMaxms)
 	logs.mu.Lock()
