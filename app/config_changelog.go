@@ -15,7 +15,7 @@ func registerChangelog(fs *flag.FlagSet, c *Config) {
 		"jetstream: every committed batch is first appended to a replicated JetStream stream (TELHA_LOG_STATIC<N>_<i>) and only then committed locally, "+
 		"without fsync; checkpoints go to the Object Store bucket TELHA_CKPT_STATIC<N>; a replica that starts on an empty or lost disk restores "+
 		"the newest checkpoint and replays the changelog before it serves. An erase reaches both before its result: the store is checkpointed (incrementally), "+
-		"the changelog purged whole and every older checkpoint deleted (a sealed table by destroying its key), beside the writer")
+		"the changelog purged whole and every older checkpoint but the new one's base deleted (a sealed table by destroying its key), beside the writer")
 	fs.IntVar(&c.ChangelogReplicas, "changelog-replicas", 0, "replicas of the changelog stream and the checkpoint bucket (0: --stream-replicas; 3 on a JetStream cluster)")
 	fs.StringVar(&c.CheckpointSchedule, "checkpoint-schedule", "@every 10m", "cron spec of checkpoints with --changelog jetstream (5 fields, or a descriptor such as @every 10m); "+
 		"a restore replays the changelog written since the newest one")

@@ -294,6 +294,19 @@ func (c *Changelog) Record(maxBytes int) *Recording {
 	return c.rec
 }
 
+// Trim drops what r recorded at or below seq (a checkpoint holds it), so
+// that only what is above counts against its bound.
+func (c *Changelog) Trim(r *Recording, seq uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := 0
+	for i < len(r.entries) && r.entries[i].Seq <= seq {
+		r.bytes -= len(r.entries[i].WriteSet)
+		i++
+	}
+	r.entries = slices.Delete(r.entries, 0, i)
+}
+
 // StopRecording ends r, if it is still the recording.
 func (c *Changelog) StopRecording(r *Recording) {
 	c.mu.Lock()

@@ -168,7 +168,8 @@ type SaveOptions struct {
 	// holds: a previous save's CheckpointInfo.Stored, with no collection
 	// or delete since (the caller serialises them). The save then does not
 	// list the bucket, which takes hundreds of milliseconds once it holds
-	// hundreds of objects: an erase's last save runs under the writer.
+	// hundreds of objects: an erase's last save, when it is whole (not a
+	// tail), runs under the writer.
 	Stored map[string]bool
 }
 
@@ -586,8 +587,9 @@ func writeFile(path string, r io.Reader) error {
 
 // Prune deletes all but partition p's newest keep checkpoints (and the
 // bases of the tail checkpoints kept, tail.go) and returns
-// the lowest changelog sequence still needed: the oldest kept checkpoint's
-// sequence + 1 (1 when there is no checkpoint: the whole log is needed).
+// the lowest changelog sequence still needed: the oldest of the newest
+// keep checkpoints' sequence + 1 (1 when there is no checkpoint: the
+// whole log is needed).
 // Pass it to PurgeFloor, with the standbys' applied sequences, before
 // PurgeBelow.
 func Prune(ctx context.Context, obs jetstream.ObjectStore, p int, keep int) (uint64, error) {

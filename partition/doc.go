@@ -80,7 +80,9 @@
 // # Purging
 //
 // Rule: never purge the changelog below the oldest kept checkpoint's
-// sequence + 1, nor below any standby's applied sequence + 1. PurgeFloor
+// sequence + 1 (a tail's base, kept only for its tail, does not count:
+// the tail is restored, not the base), nor below any standby's applied
+// sequence + 1. PurgeFloor
 // computes that minimum; Prune returns the checkpoint half of it.
 //
 // # Erasure

@@ -321,16 +321,6 @@ func FuzzTableList(f *testing.F) {
 	})
 }
 
-// noRecycle turns off WAL recycling as the store does (storage/engine.go):
-// a recycled WAL keeps old bytes past its new end, so it would show old
-// values and old sizes in checkpoints.
-type noRecycle struct {
-	pebble.DeleteCleaner
-	needsContents
-}
-
-type needsContents struct{ pebble.ArchiveCleaner }
-
 // storeOpts are the store's options that matter here: no WAL recycling,
 // and no automatic compaction (only the test's compactions drop values).
 func storeOpts() *pebble.Options {

@@ -57,8 +57,13 @@ type TailEntry struct {
 //	magic | base seq | end seq | count | count x (seq | len | write-set)
 var tailMagic = []byte("telha-tail/1\n")
 
-// maxTailEntries bounds what a decoder allocates for a hostile count.
-const maxTailEntries = 1 << 20
+// maxTailEntries bounds what a decoder allocates for a hostile count, and
+// maxTailBytes what a restore reads of a tail (the slot records at most
+// 64 MiB of write-sets for one).
+const (
+	maxTailEntries = 1 << 20
+	maxTailBytes   = 256 << 20
+)
 
 func encodeTail(base, end uint64, es []TailEntry) []byte {
 	n := len(tailMagic) + 3*binary.MaxVarintLen64
@@ -198,6 +203,9 @@ func restoreTail(ctx context.Context, obs jetstream.ObjectStore, p int, cp Check
 	if !ok || bp != p || bseq >= cp.Seq {
 		return 0, fmt.Errorf("%w: partition %d: tail checkpoint %s names base %q", ErrCorrupt, p, cp.Name, cp.Base)
 	}
+	if cp.Size > maxTailBytes {
+		return 0, fmt.Errorf("%w: partition %d: tail checkpoint %s of %d bytes, above %d", ErrCorrupt, p, cp.Name, cp.Size, maxTailBytes)
+	}
 	raw, err := ReadObject(ctx, obs, cp.Name)
 	if err != nil {
 		return 0, fmt.Errorf("partition %d: restore %s: %w", p, cp.Name, err)
@@ -226,7 +234,7 @@ func restoreTail(ctx context.Context, obs jetstream.ObjectStore, p int, cp Check
 
 // applyTail applies es to the store in dir, the last one synced.
 func applyTail(dir string, es []TailEntry) (err error) {
-	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}, Cleaner: noRecycle{}})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", dir, err)
 	}
@@ -242,3 +250,14 @@ func applyTail(dir string, es []TailEntry) (err error) {
 	}
 	return nil
 }
+
+// noRecycle deletes obsolete files like Pebble's default cleaner and turns
+// off WAL recycling, as the store does (storage's noRecycleCleaner says
+// why): Pebble recycles a cleaner's logs only when the cleaner does not
+// need their contents, which the ArchiveCleaner one level down declares.
+type noRecycle struct {
+	pebble.DeleteCleaner
+	needsContents
+}
+
+type needsContents struct{ pebble.ArchiveCleaner }

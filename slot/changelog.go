@@ -55,10 +55,11 @@ import (
 //
 // An erase reaches the changelog and the checkpoints before its result
 // (issue 21 item 6; ScrubCopies below): once the local scrub is done, the
-// store holds its writer, commits a marker, and the changelog checkpoints
-// the scrubbed store, purges the whole stream below it, and deletes every
-// older checkpoint with its chunks overwritten (partition.DeleteCheckpoint;
-// the scheduled prune deletes the same way).
+// store commits a marker, and the changelog checkpoints the scrubbed store
+// beside the writer, holds the writer only to store what committed since
+// (a tail checkpoint) and purge the whole stream, and deletes every older
+// checkpoint but the tail's base, its chunks overwritten
+// (partition.DeleteCheckpoint; the scheduled prune deletes the same way).
 
 // Changelog modes of --changelog.
 const (
@@ -773,12 +774,15 @@ const standbyCatchUpWait = 10 * time.Second
 //	                     what the groups of steps 1-2 wrote (C, L] as a
 //	                     tail checkpoint of C (partition.SaveTail: the
 //	                     write-sets recorded as they were appended, no
-//	                     table linked; a whole save when one holds an
-//	                     erase marker), then purge the changelog whole,
+//	                     table linked; a whole save when the tail cannot
+//	                     be: one holds an erase marker, the recording
+//	                     outgrew its bound, the read-back failed), then
+//	                     purge the changelog whole,
 //	                     below L + 1 (the server deletes every block file:
 //	                     a purge inside a block would keep the purged
 //	                     messages' bytes, erase.go)
-//	4 beside the writer  delete every older checkpoint and collect the
+//	4 beside the writer  delete every older checkpoint (but the tail's
+//	                     base) and collect the
 //	                     tables no kept checkpoint holds, each overwritten
 //	                     in place by the server (partition.DeleteObject)
 //
@@ -830,6 +834,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d, below the erase's marker %d", first.Seq, marker)
 	}
 	c.step("checkpointed")
+	c.cl.Trim(rec, first.Seq) // in the checkpoint: not the tail's
 	c.waitStandbys(ctx, first.Seq)
 	before, err := c.readTail(ctx, first.Seq, rec.From())
 	if err != nil {
@@ -841,16 +846,21 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		h0 := time.Now()
 		defer func() { held = time.Since(h0) }()
 		last := c.cl.Last()
+		// Nothing commits while the writer is held: a healthy store
+		// reflects exactly the log's last sequence, and the recording holds
+		// every write-set after rec.From() through it. A store stopped by a
+		// failed append may not (the log moved, the store did not): then
+		// nothing is saved or purged, and the erase waits for the slot's
+		// next owner.
+		if applied, err := partition.AppliedSeq(db); err != nil || applied != last {
+			return fmt.Errorf("changelog: the store reflects sequence %d, the changelog ends at %d (%v): not saved, not purged", applied, last, err)
+		}
+		after, recorded := c.cl.Recorded(rec)
+		c.cl.StopRecording(rec)
 		if last == first.Seq {
 			return c.purgeAll(ctx, last, &purged)
 		}
-		// Nothing commits while the writer is held: the store reflects
-		// exactly the log's last sequence, and the recording holds every
-		// write-set after rec.From() through it.
-		if after, ok := c.cl.Recorded(rec); ok && before != nil {
-			for len(after) > 0 && after[0].Seq <= first.Seq {
-				after = after[1:] // in the checkpoint already
-			}
+		if recorded && before != nil {
 			tail, err := partition.SaveTail(ctx, c.obs, c.part, first, last, append(before, after...), c.chunk)
 			if err == nil {
 				final = tail

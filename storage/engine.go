@@ -124,7 +124,8 @@ func tune(opts *pebble.Options, sz Sizes) {
 // (DECISIONS 86, BENCHMARKS "Smaller tables at the top"); the bottom
 // levels keep tables of a few MiB, so a store holds about four times
 // more tables than with the defaults, not eight (a checkpoint links
-// every table, and the last one of an erase's scrub holds the writer).
+// every table; the last step of an erase's scrub, under the writer,
+// links none since DECISIONS 88, unless it falls back to a whole save).
 // A store written with other sizes opens as it is: a table's size is
 // only where a compaction cuts its outputs.
 var targetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20}
@@ -134,8 +135,8 @@ var targetFileSizes = [7]int64{1 << 20, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 <
 // default, 128 MiB, lets every flush and compaction append its edit
 // (about 190 bytes a flush with its compactions) for months, and every
 // checkpoint carries the MANIFEST whole in its archive: a busy slot's
-// saves, and the last save of an erase's scrub, which runs under the
-// writer, would upload tens of MB of old edits. 1 MiB keeps it at about
+// saves, the first one of an erase's scrub among them, would upload
+// tens of MB of old edits. 1 MiB keeps it at about
 // the size of one snapshot (Pebble rolls over only once the edits
 // outweigh the snapshot). BenchmarkManifestAfterFlushes measures both.
 const maxManifestBytes = 1 << 20

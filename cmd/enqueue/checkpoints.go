@@ -171,7 +171,7 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, keys func() 
 		return err
 	} else if info.Metadata[metaFormat] == formatTail {
 		return fmt.Errorf("%s is a tail checkpoint (its base %s and the write-sets committed after it, stored by an erase's scrub): "+
-			"not a whole store; copy its base, or the next scheduled checkpoint, which is whole", name, info.Metadata[metaBase])
+			"not a whole store; copy the next scheduled checkpoint, which is whole (its base lacks the write-sets the tail holds, and the changelog no longer has them)", name, info.Metadata[metaBase])
 	}
 	tr, tw := tar.NewReader(res), tar.NewWriter(f)
 	for {
