@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -301,6 +302,10 @@ func (s *Server) params(r *http.Request) (params, error) {
 		if p.id, err = uuid.Parse(raw); err != nil {
 			return p, bad("id %s is not a UUID (8-4-4-4-12 hex digits)", storage.QuoteShort(raw))
 		}
+		if p.id == uuid.Nil {
+			// The queue refuses it as an id, src or dst: it names nothing.
+			return p, bad("id %s is the nil UUID, which names no entity", raw)
+		}
 	}
 	// "Now" is the store's safe now (storage/safetime.go): tx defaults to
 	// the committed tx (nothing can be written at or below it any more but
@@ -568,8 +573,8 @@ func (s *Server) limit(r *http.Request) (int, error) {
 
 // cursor is the decoded form of a "next" value.
 type cursor struct {
-	kind     byte // 'e' edges, 'h' history
-	id       uuid.UUID
+	kind     byte      // 'e' edges, 'h' history, or a list's
+	id       uuid.UUID // the walk's walkTag: its tenant and entity
 	v, t     storage.Ts
 	dir      storage.Direction
 	out      bool
@@ -577,8 +582,24 @@ type cursor struct {
 	tx, vals storage.Ts
 }
 
+// walkTag names one walk, a tenant's list or an entity's edges or
+// history in one tenant, in its cursors: a cursor given out for one walk
+// is refused by every other, another tenant's among them.
+func walkTag(sc storage.Scope, id uuid.UUID) uuid.UUID {
+	h := sha256.New()
+	h.Write([]byte("telha cursor\x00" + sc.Tenant() + "\x00"))
+	h.Write(id[:])
+	var t uuid.UUID
+	copy(t[:], h.Sum(nil))
+	return t
+}
+
+// cursorVersion: 2 since cursors carry a walkTag (1: the entity's id,
+// nil for a list; refused since, start the walk again).
+const cursorVersion = 2
+
 func (c *cursor) encode() string {
-	b := []byte{1, c.kind}
+	b := []byte{cursorVersion, c.kind}
 	b = append(b, c.id[:]...)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.v))
 	b = binary.BigEndian.AppendUint64(b, uint64(c.t))
@@ -594,7 +615,7 @@ func (c *cursor) encode() string {
 }
 
 // readCursor decodes the cursor parameter, if any, for a walk of kind
-// over id; it must be one this API gave out for the same walk.
+// whose walkTag is id; it must be one this API gave out for the same walk.
 func readCursor(r *http.Request, kind byte, id uuid.UUID) (*cursor, error) {
 	vals := r.URL.Query()["cursor"]
 	if len(vals) == 0 {
@@ -604,7 +625,7 @@ func readCursor(r *http.Request, kind byte, id uuid.UUID) (*cursor, error) {
 		return nil, bad("cursor given %d times", len(vals))
 	}
 	b, err := base64.RawURLEncoding.DecodeString(vals[0])
-	if err != nil || len(b) != 2+16+8+8+2+16+8+8 || b[0] != 1 || b[1] != kind {
+	if err != nil || len(b) != 2+16+8+8+2+16+8+8 || b[0] != cursorVersion || b[1] != kind {
 		return nil, bad("cursor %s is not a cursor of this list (use the previous page's \"next\")", storage.QuoteShort(vals[0]))
 	}
 	c := &cursor{kind: kind}
@@ -616,7 +637,7 @@ func readCursor(r *http.Request, kind byte, id uuid.UUID) (*cursor, error) {
 	c.tx = storage.Ts(binary.BigEndian.Uint64(b[52:60]))
 	c.vals = storage.Ts(binary.BigEndian.Uint64(b[60:68]))
 	if c.id != id {
-		return nil, bad("cursor %s belongs to another entity's list", storage.QuoteShort(vals[0]))
+		return nil, bad("cursor %s belongs to another walk (another entity's, or another tenant's)", storage.QuoteShort(vals[0]))
 	}
 	return c, nil
 }
@@ -652,7 +673,7 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	c, err := readCursor(r, 'e', p.id)
+	c, err := readCursor(r, 'e', walkTag(p.scope, p.id))
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -718,7 +739,7 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	}
 	var next *cursor
 	if page.Next != nil {
-		next = &cursor{kind: 'e', id: p.id, v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
+		next = &cursor{kind: 'e', id: walkTag(p.scope, p.id), v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Edges []Version `json:"edges"`
@@ -739,7 +760,7 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 			s.fail(w, err)
 			return
 		}
-		c, err := readCursor(r, 'h', p.id)
+		c, err := readCursor(r, 'h', walkTag(p.scope, p.id))
 		if err != nil {
 			s.fail(w, err)
 			return
@@ -777,7 +798,7 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		}
 		var next *cursor
 		if nx != nil {
-			next = &cursor{kind: 'h', id: p.id, t: p.t, tx: nx[0], vals: nx[1]}
+			next = &cursor{kind: 'h', id: walkTag(p.scope, p.id), t: p.t, tx: nx[0], vals: nx[1]}
 		}
 		writeJSON(w, http.StatusOK, struct {
 			Versions []Version `json:"versions"`

@@ -107,6 +107,49 @@ func TestHistoryRefusesATxAgainstItsCursor(t *testing.T) {
 	e.getJSON(base+cur, http.StatusOK, nil)
 }
 
+// TestCursorsStayInTheirWalk: a cursor given out for one tenant's walk
+// (a list, a node's edges, a history) is refused (400) by the same walk
+// of another tenant holding the same ids, and by another entity's walk;
+// the nil UUID as an entity id is refused (400), as the queue refuses it.
+func TestCursorsStayInTheirWalk(t *testing.T) {
+	e := newEnv(t, 100_000)
+	n, m := uuid.New(), uuid.New()
+	for _, tenant := range []string{"acme", "other"} {
+		e.sc = storage.MustScope(tenant)
+		for range 3 {
+			e.apply(cascade.Request{Op: storage.OpPutNode, ID: n})
+			e.apply(cascade.Request{Op: storage.OpPutNode, ID: m})
+			e.apply(cascade.Request{Op: storage.OpPutEdge, ID: uuid.New(), Src: n, Dst: m})
+		}
+	}
+	for _, walk := range []string{"/nodes?limit=1", "/edges?limit=1", "/nodes/" + n.String() + "/edges?limit=1", "/nodes/" + n.String() + "/history?limit=1"} {
+		var first struct {
+			Next *string `json:"next"`
+		}
+		e.getJSON("/v1/tenants/acme"+walk, http.StatusOK, &first)
+		if first.Next == nil {
+			t.Fatalf("%s: no next page", walk)
+		}
+		cur := "&cursor=" + url.QueryEscape(*first.Next)
+		e.getJSON("/v1/tenants/acme"+walk+cur, http.StatusOK, nil)
+		if r := e.get("/v1/tenants/other" + walk + cur); r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "cursor") {
+			t.Errorf("acme's cursor of %s on tenant other: %d %s, want 400 naming the cursor", walk, r.code, r.body)
+		}
+	}
+	var first struct {
+		Next *string `json:"next"`
+	}
+	e.getJSON("/v1/tenants/acme/nodes/"+n.String()+"/history?limit=1", http.StatusOK, &first)
+	if r := e.get("/v1/tenants/acme/nodes/" + m.String() + "/history?limit=1&cursor=" + url.QueryEscape(*first.Next)); r.code != http.StatusBadRequest {
+		t.Errorf("a history cursor on another node's history: %d %s, want 400", r.code, r.body)
+	}
+	for _, path := range []string{"/nodes/", "/edges/"} {
+		if r := e.get("/v1/tenants/acme" + path + uuid.Nil.String()); r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "nil UUID") {
+			t.Errorf("the nil UUID as an id of %s: %d %s, want 400", path, r.code, r.body)
+		}
+	}
+}
+
 // TestAccessLogHasNoQueryValues: the debug access log names the query's
 // parameters, never their values.
 func TestAccessLogHasNoQueryValues(t *testing.T) {
