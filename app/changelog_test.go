@@ -265,8 +265,11 @@ func TestChangelogRestoreFromCheckpointAfterPurge(t *testing.T) {
 	tail := &acked{tenant: "tail"}
 	mixLoad(t, b, tail)
 	cp = w.app.ChangelogStatus().LastCheckpoint
-	if cps, err := partition.ListCheckpoints(ctx, mustObs(t, b.js, "TELHA_CKPT_STATIC1"), 0); err != nil || len(cps) != 1 || cps[0].Seq != cp.Seq {
-		t.Fatalf("checkpoints kept after the erase: %v %v, want the erase's at %d only", cps, err, cp.Seq)
+	// (A feed round that committed during the scrub makes the erase's
+	// checkpoint a tail, kept with its base: DECISIONS 88.)
+	if cps, err := partition.ListCheckpoints(ctx, mustObs(t, b.js, "TELHA_CKPT_STATIC1"), 0); err != nil || len(cps) == 0 || cps[len(cps)-1].Seq != cp.Seq ||
+		len(cps) != 1 && (len(cps) != 2 || cps[0].Name != cp.Base) {
+		t.Fatalf("checkpoints kept after the erase: %v %v, want the erase's at %d only (and its base, if it is a tail)", cps, err, cp.Seq)
 	}
 	n0 := len(tail.requests)
 	for _, id := range ids(3) {
