@@ -414,19 +414,36 @@ const restorePrefix = ".restore-"
 // applied sequence matches the object's name, and only then renames it
 // into place, so dstDir is either absent/empty or a whole checkpoint.
 func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir string) (uint64, error) {
+	r, err := RestoreNewest(ctx, obs, p, dstDir)
+	return r.Seq, err
+}
+
+// Restored says which checkpoint RestoreNewest restored, and why each
+// newer one was passed over.
+type Restored struct {
+	Seq     uint64
+	Name    string
+	Skipped []error // the newer checkpoints' errors, newest first
+}
+
+// RestoreNewest is Restore, saying which checkpoint it restored and why
+// it passed over the newer ones: a caller whose replay then fails (the
+// changelog purged above an older checkpoint) can say what went wrong
+// first.
+func RestoreNewest(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir string) (Restored, error) {
 	if err := requireEmpty(dstDir); err != nil {
-		return 0, fmt.Errorf("partition %d: restore: %w", p, err)
+		return Restored{}, fmt.Errorf("partition %d: restore: %w", p, err)
 	}
 	cps, err := ListCheckpoints(ctx, obs, p)
 	if err != nil {
-		return 0, err
+		return Restored{}, err
 	}
 	if len(cps) == 0 {
-		return 0, fmt.Errorf("partition %d: %w", p, ErrNoCheckpoint)
+		return Restored{}, fmt.Errorf("partition %d: %w", p, ErrNoCheckpoint)
 	}
 	// The newest first; one that does not restore (a table gone: a zombie
 	// owner's save raced a collection) is passed over for the next older.
-	var first error
+	var skipped []error
 	for i := len(cps) - 1; i >= 0; i-- {
 		restore := restoreOne
 		if cps[i].Base != "" {
@@ -434,16 +451,14 @@ func Restore(ctx context.Context, obs jetstream.ObjectStore, p int, dstDir strin
 		}
 		seq, err := restore(ctx, obs, p, cps[i], dstDir)
 		if err == nil {
-			return seq, nil
+			return Restored{Seq: seq, Name: cps[i].Name, Skipped: skipped}, nil
 		}
 		if ctx.Err() != nil {
-			return 0, err
+			return Restored{}, err
 		}
-		if first == nil {
-			first = err
-		}
+		skipped = append(skipped, err)
 	}
-	return 0, first
+	return Restored{}, skipped[0]
 }
 
 // restoreOne restores checkpoint cp into dstDir (see Restore).

@@ -3,6 +3,7 @@ package partition
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,5 +189,42 @@ func TestRecordingBound(t *testing.T) {
 	n := 0
 	if err := cl.ReadRange(ctx, 2, 2, func(uint64, []byte) error { n++; return nil }); err != nil || n != 1 {
 		t.Fatalf("read range of one write-set: %d, %v", n, err)
+	}
+}
+
+// TestATailWithoutItsBaseIsPassedOver: a tail whose base is gone does not
+// restore; RestoreNewest restores the next older whole checkpoint and says
+// why it passed the tail over.
+func TestATailWithoutItsBaseIsPassedOver(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := openDB(t, "")
+	if err := ApplyTo(db, 5, batchRepr(t, "five"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SaveCheckpoint(ctx, obs, 1, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyTo(db, 6, batchRepr(t, "six"), false); err != nil {
+		t.Fatal(err)
+	}
+	base, err := SaveCheckpoint(ctx, obs, 1, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail, err := SaveTail(ctx, obs, 1, base, 7, []TailEntry{{Seq: 7, WriteSet: batchRepr(t, "seven")}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obs.Delete(ctx, base.Name); err != nil {
+		t.Fatal(err)
+	}
+	r, err := RestoreNewest(ctx, obs, 1, filepath.Join(t.TempDir(), "r"))
+	if err != nil || r.Seq != 5 || len(r.Skipped) != 1 || !strings.Contains(r.Skipped[0].Error(), tail.Name) {
+		t.Fatalf("restore with the tail's base gone: %+v, %v; want the checkpoint at 5, the tail named as passed over", r, err)
 	}
 }

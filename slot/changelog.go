@@ -594,12 +594,16 @@ func (c *Changelog) restore(ctx context.Context, dir string) (uint64, error) {
 		return 0, fmt.Errorf("changelog: clear %s for the restore: %w", dir, err)
 	}
 	t0 := time.Now()
-	seq, err := partition.Restore(ctx, c.obs, c.part, dir)
+	r, err := partition.RestoreNewest(ctx, c.obs, c.part, dir)
 	if err != nil {
 		return 0, err
 	}
-	c.log.Info("changelog: restored a checkpoint", "seq", seq, "name", cps[len(cps)-1].Name, "took", time.Since(t0))
-	return seq, nil
+	for _, err := range r.Skipped {
+		c.log.Warn("changelog: a newer checkpoint did not restore and was passed over; if the replay then finds the changelog purged above the one restored, this is why",
+			"restored", r.Name, "err", err)
+	}
+	c.log.Info("changelog: restored a checkpoint", "seq", r.Seq, "name", r.Name, "took", time.Since(t0))
+	return r.Seq, nil
 }
 
 // dropCheckpoints deletes every checkpoint of this slot's slice.
