@@ -1,12 +1,16 @@
 package partition
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/scrubmark"
 )
 
@@ -109,20 +113,8 @@ func TestTailCheckpointRestores(t *testing.T) {
 // bytes it erased are in the base), a gap before the end, a base that is
 // itself a tail.
 func TestSaveTailRefuses(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	js := startJS(t)
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := openDB(t, "")
-	if err := ApplyTo(db, 5, batchRepr(t, "base"), false); err != nil {
-		t.Fatal(err)
-	}
-	base, err := SaveCheckpoint(ctx, obs, 1, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, obs, db := bucketAndStore(t)
+	base := saveAt(t, obs, db, 5)
 	marked := db.NewBatch()
 	mk, err := scrubmark.Encode([]scrubmark.Range{{Start: []byte{0x01}, End: []byte{0x02}}})
 	if err != nil {
@@ -196,26 +188,9 @@ func TestRecordingBound(t *testing.T) {
 // restore; RestoreNewest restores the next older whole checkpoint and says
 // why it passed the tail over.
 func TestATailWithoutItsBaseIsPassedOver(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	js := startJS(t)
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := openDB(t, "")
-	if err := ApplyTo(db, 5, batchRepr(t, "five"), false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := SaveCheckpoint(ctx, obs, 1, db); err != nil {
-		t.Fatal(err)
-	}
-	if err := ApplyTo(db, 6, batchRepr(t, "six"), false); err != nil {
-		t.Fatal(err)
-	}
-	base, err := SaveCheckpoint(ctx, obs, 1, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, obs, db := bucketAndStore(t)
+	saveAt(t, obs, db, 5)
+	base := saveAt(t, obs, db, 6)
 	tail, err := SaveTail(ctx, obs, 1, base, 7, []TailEntry{{Seq: 7, WriteSet: batchRepr(t, "seven")}}, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -227,4 +202,29 @@ func TestATailWithoutItsBaseIsPassedOver(t *testing.T) {
 	if err != nil || r.Seq != 5 || len(r.Skipped) != 1 || !strings.Contains(r.Skipped[0].Error(), tail.Name) {
 		t.Fatalf("restore with the tail's base gone: %+v, %v; want the checkpoint at 5, the tail named as passed over", r, err)
 	}
+}
+
+// bucketAndStore starts a NATS server with a checkpoint bucket, and opens
+// an empty store.
+func bucketAndStore(t *testing.T) (context.Context, jetstream.ObjectStore, *pebble.DB) {
+	t.Helper()
+	ctx := testCtx(t, time.Minute)
+	obs, err := OpenCheckpoints(ctx, startJS(t), CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, obs, openDB(t, "")
+}
+
+// saveAt applies one put at seq to db and saves partition 1's checkpoint.
+func saveAt(t *testing.T, obs jetstream.ObjectStore, db *pebble.DB, seq uint64) CheckpointInfo {
+	t.Helper()
+	if err := ApplyTo(db, seq, batchRepr(t, fmt.Sprint(seq)), false); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := SaveCheckpoint(testCtx(t, time.Minute), obs, 1, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp
 }
