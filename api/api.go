@@ -673,7 +673,8 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	c, err := readCursor(r, 'e', walkTag(p.scope, p.id))
+	tag := walkTag(p.scope, p.id)
+	c, err := readCursor(r, 'e', tag)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -739,7 +740,7 @@ func (s *Server) nodeEdges(w http.ResponseWriter, r *http.Request) {
 	}
 	var next *cursor
 	if page.Next != nil {
-		next = &cursor{kind: 'e', id: walkTag(p.scope, p.id), v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
+		next = &cursor{kind: 'e', id: tag, v: p.v, t: p.t, dir: dir, out: page.Next.Out, edge: page.Next.ID}
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Edges []Version `json:"edges"`
@@ -760,7 +761,8 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 			s.fail(w, err)
 			return
 		}
-		c, err := readCursor(r, 'h', walkTag(p.scope, p.id))
+		tag := walkTag(p.scope, p.id)
+		c, err := readCursor(r, 'h', tag)
 		if err != nil {
 			s.fail(w, err)
 			return
@@ -798,7 +800,7 @@ func (s *Server) history(k storage.Kind) http.HandlerFunc {
 		}
 		var next *cursor
 		if nx != nil {
-			next = &cursor{kind: 'h', id: walkTag(p.scope, p.id), t: p.t, tx: nx[0], vals: nx[1]}
+			next = &cursor{kind: 'h', id: tag, t: p.t, tx: nx[0], vals: nx[1]}
 		}
 		writeJSON(w, http.StatusOK, struct {
 			Versions []Version `json:"versions"`

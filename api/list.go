@@ -68,7 +68,8 @@ func (s *Server) list(k storage.Kind) http.HandlerFunc {
 			s.fail(w, err)
 			return
 		}
-		c, err := readCursor(r, ck, walkTag(p.scope, uuid.Nil))
+		tag := walkTag(p.scope, uuid.Nil)
+		c, err := readCursor(r, ck, tag)
 		if err != nil {
 			s.fail(w, err)
 			return
@@ -106,7 +107,7 @@ func (s *Server) list(k storage.Kind) http.HandlerFunc {
 		}
 		var next *cursor
 		if nx != nil {
-			next = &cursor{kind: ck, id: walkTag(p.scope, uuid.Nil), v: p.v, t: p.t, edge: *nx}
+			next = &cursor{kind: ck, id: tag, v: p.v, t: p.t, edge: *nx}
 		}
 		if k == storage.KindEdge {
 			writeJSON(w, http.StatusOK, struct {

@@ -219,15 +219,8 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 		}
 	}
 	name := CheckpointName(p, seq)
-	// A checkpoint at this sequence already stored holds the same state:
-	// it is kept, not replaced. A Put under its name would purge its chunks
-	// without overwriting them, leaving their bytes in the bucket's block
-	// files, where an erase could not reach them (erase.go).
-	if old, err := obs.GetInfo(ctx, name); err == nil && !old.Deleted {
-		return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true,
-			Base: old.Metadata[metaBase]}, nil
-	} else if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	if old, ok, err := storedAt(ctx, obs, p, seq); ok || err != nil {
+		return old, err
 	}
 	chunk := opts.ChunkSize
 	if chunk == 0 {
@@ -268,6 +261,24 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	}
 	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size + up.total, Modified: info.ModTime,
 		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list)), Stored: up.stored}, nil
+}
+
+// storedAt returns partition p's checkpoint at seq when the bucket holds
+// one (Existed). A checkpoint at a sequence holds that sequence's state:
+// it is kept, not replaced. A Put under its name would purge its chunks
+// without overwriting them, leaving their bytes in the bucket's block
+// files, where an erase could not reach them (erase.go).
+func storedAt(ctx context.Context, obs jetstream.ObjectStore, p int, seq uint64) (CheckpointInfo, bool, error) {
+	name := CheckpointName(p, seq)
+	old, err := obs.GetInfo(ctx, name)
+	if errors.Is(err, jetstream.ErrObjectNotFound) || err == nil && old.Deleted {
+		return CheckpointInfo{}, false, nil
+	}
+	if err != nil {
+		return CheckpointInfo{}, false, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	}
+	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true,
+		Base: old.Metadata[metaBase]}, true, nil
 }
 
 // StagingPrefix starts the name of a directory SaveCheckpointWith stages

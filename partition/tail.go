@@ -107,7 +107,6 @@ func decodeTail(raw []byte) (base, end uint64, es []TailEntry, err error) {
 	if count == 0 || count > maxTailEntries || base >= end {
 		return bad("base %d, end %d, %d write-sets", base, end, count)
 	}
-	prev := base
 	es = make([]TailEntry, 0, min(count, uint64(len(rest)/2)))
 	for i := range count {
 		seq, n := binary.Uvarint(rest)
@@ -120,21 +119,40 @@ func decodeTail(raw []byte) (base, end uint64, es []TailEntry, err error) {
 			return bad("write-set %d: truncated", i)
 		}
 		rest = rest[n:]
-		if seq <= prev || seq > end {
-			return bad("write-set %d at sequence %d after %d (base %d, end %d)", i, seq, prev, base, end)
-		}
-		ws := rest[:size:size]
+		es = append(es, TailEntry{Seq: seq, WriteSet: rest[:size:size]})
 		rest = rest[size:]
-		if _, logData, err := checkWriteSet(ws); err != nil || logData {
-			return bad("write-set at %d: log data %t, %v", seq, logData, err)
-		}
-		es = append(es, TailEntry{Seq: seq, WriteSet: ws})
-		prev = seq
 	}
-	if prev != end || len(rest) != 0 {
-		return bad("ends at %d with %d bytes left, want end %d", prev, len(rest), end)
+	if len(rest) != 0 {
+		return bad("%d bytes after the last write-set", len(rest))
+	}
+	if err := checkTail(base, end, es); err != nil {
+		return bad("%v", err)
 	}
 	return base, end, es, nil
+}
+
+// checkTail checks what a restore of a tail relies on: at least one
+// write-set, sequences strictly increasing from above base to exactly end,
+// every write-set valid and free of log data (an erase marker).
+func checkTail(base, end uint64, es []TailEntry) error {
+	prev := base
+	for _, e := range es {
+		if e.Seq <= prev || e.Seq > end {
+			return fmt.Errorf("write-set at %d after %d (base %d, end %d)", e.Seq, prev, base, end)
+		}
+		_, logData, err := checkWriteSet(e.WriteSet)
+		if err != nil {
+			return fmt.Errorf("write-set at %d: %w", e.Seq, err)
+		}
+		if logData {
+			return fmt.Errorf("write-set at %d holds log data (an erase marker)", e.Seq)
+		}
+		prev = e.Seq
+	}
+	if prev != end || len(es) == 0 {
+		return fmt.Errorf("the write-sets end at %d, not %d", prev, end)
+	}
+	return nil
 }
 
 // SaveTail stores checkpoint CheckpointName(p, end) as a tail of base (a
@@ -147,30 +165,12 @@ func SaveTail(ctx context.Context, obs jetstream.ObjectStore, p int, base Checkp
 	if base.Base != "" || base.Name != CheckpointName(p, base.Seq) {
 		return CheckpointInfo{}, fmt.Errorf("%w: base %s of partition %d is not a whole checkpoint", ErrNoTail, base.Name, p)
 	}
-	prev := base.Seq
-	for _, e := range es {
-		if e.Seq <= prev || e.Seq > end {
-			return CheckpointInfo{}, fmt.Errorf("%w: write-set at %d after %d (base %d, end %d)", ErrNoTail, e.Seq, prev, base.Seq, end)
-		}
-		_, logData, err := checkWriteSet(e.WriteSet)
-		if err != nil {
-			return CheckpointInfo{}, fmt.Errorf("%w: write-set at %d: %w", ErrNoTail, e.Seq, err)
-		}
-		if logData {
-			return CheckpointInfo{}, fmt.Errorf("%w: write-set at %d holds log data (an erase marker)", ErrNoTail, e.Seq)
-		}
-		prev = e.Seq
-	}
-	if prev != end || len(es) == 0 {
-		return CheckpointInfo{}, fmt.Errorf("%w: the write-sets end at %d, not %d", ErrNoTail, prev, end)
+	if err := checkTail(base.Seq, end, es); err != nil {
+		return CheckpointInfo{}, fmt.Errorf("%w: %w", ErrNoTail, err)
 	}
 	name := CheckpointName(p, end)
-	if old, err := obs.GetInfo(ctx, name); err == nil && !old.Deleted {
-		// Kept, not replaced (SaveCheckpointWith says why).
-		return CheckpointInfo{Partition: p, Seq: end, Name: name, Size: old.Size, Modified: old.ModTime, Existed: true,
-			Base: old.Metadata[metaBase]}, nil
-	} else if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: %w", p, name, err)
+	if old, ok, err := storedAt(ctx, obs, p, end); ok || err != nil {
+		return old, err
 	}
 	if chunk == 0 {
 		chunk = DefaultChunkSize

@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -227,4 +228,59 @@ func saveAt(t *testing.T, obs jetstream.ObjectStore, db *pebble.DB, seq uint64) 
 		t.Fatal(err)
 	}
 	return cp
+}
+
+// TestRecordingRacesAppends: a recording begun while another goroutine
+// appends holds exactly the write-sets after its From, each once and in
+// order, as the log holds them: nothing appended in flight when it began
+// is lost or doubled (run with -race).
+func TestRecordingRacesAppends(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	cl, err := Open(ctx, js, Config{Partition: 6, MaxPartBytes: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := newOwner(t, cl, openDB(t, ""), 6)
+	for round := range 5 {
+		done := make(chan error, 1)
+		go func() {
+			for i := range 40 {
+				big := 0
+				if i%9 == 0 {
+					big = 10 << 10 // in parts
+				}
+				if _, err := o.commit(ctx, o.batch(big)); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		rec := cl.Record(64 << 20) // while the appends run
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		got, ok := cl.Recorded(rec)
+		cl.StopRecording(rec)
+		if !ok {
+			t.Fatalf("round %d: the recording did not keep its write-sets", round)
+		}
+		var want []TailEntry
+		if err := cl.ReadRange(ctx, rec.From()+1, cl.Last(), func(seq uint64, ws []byte) error {
+			want = append(want, TailEntry{Seq: seq, WriteSet: bytes.Clone(ws)})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("round %d: recorded %d write-sets after %d, the log holds %d", round, len(got), rec.From(), len(want))
+		}
+		for i := range want {
+			if got[i].Seq != want[i].Seq || !bytes.Equal(got[i].WriteSet, want[i].WriteSet) {
+				t.Fatalf("round %d: write-set %d: recorded seq %d, the log's %d (same bytes: %t)",
+					round, i, got[i].Seq, want[i].Seq, bytes.Equal(got[i].WriteSet, want[i].WriteSet))
+			}
+		}
+	}
 }

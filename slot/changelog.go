@@ -840,7 +840,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	c.step("checkpointed")
 	c.cl.Trim(rec, first.Seq) // in the checkpoint: not the tail's
 	c.waitStandbys(ctx, first.Seq)
-	before, err := c.readTail(ctx, first.Seq, rec.From())
+	before, readBack, err := c.readTail(ctx, first.Seq, rec.From())
 	if err != nil {
 		return err
 	}
@@ -864,7 +864,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		if last == first.Seq {
 			return c.purgeAll(ctx, last, &purged)
 		}
-		if recorded && before != nil {
+		if recorded && readBack {
 			tail, err := partition.SaveTail(ctx, c.obs, c.part, first, last, append(before, after...), c.chunk)
 			if err == nil {
 				final = tail
@@ -932,13 +932,12 @@ const maxTailBytes = 64 << 20
 
 // readTail returns the whole write-sets of the log after seq through
 // from (those committed before the recording began and not in the
-// checkpoint at seq), read back beside the writer; an empty, non-nil
-// slice when there are none. nil (and no error) when they cannot be read:
-// the last save is then whole.
-func (c *Changelog) readTail(ctx context.Context, seq, from uint64) ([]partition.TailEntry, error) {
-	out := []partition.TailEntry{}
+// checkpoint at seq), read back beside the writer. ok is false (and the
+// error nil) when they cannot be read: the last save is then whole.
+func (c *Changelog) readTail(ctx context.Context, seq, from uint64) (_ []partition.TailEntry, ok bool, _ error) {
+	var out []partition.TailEntry
 	if from <= seq {
-		return out, nil
+		return nil, true, nil
 	}
 	err := c.cl.ReadRange(ctx, seq+1, from, func(s uint64, ws []byte) error {
 		out = append(out, partition.TailEntry{Seq: s, WriteSet: bytes.Clone(ws)})
@@ -946,12 +945,12 @@ func (c *Changelog) readTail(ctx context.Context, seq, from uint64) ([]partition
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 		c.log.Warn("changelog: an erase's scrub could not read back what committed before its checkpoint; its last save is whole", "err", err)
-		return nil, nil
+		return nil, false, nil
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // purgeAll purges the changelog whole, below last + 1 (on the writer).
