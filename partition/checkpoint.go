@@ -2,6 +2,7 @@ package partition
 
 import (
 	"archive/tar"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -382,15 +383,38 @@ func writeTar(w io.Writer, dir string, skip func(name string) bool) error {
 
 // ListCheckpoints returns partition p's checkpoints, oldest first.
 func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]CheckpointInfo, error) {
+	l, err := List(ctx, obs)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: list checkpoints: %w", p, err)
+	}
+	return l.Checkpoints(p), nil
+}
+
+// Listing is one listing of a checkpoint bucket: the info of every object
+// it holds, as the Object Store listed them. A listing reads the bucket's
+// meta messages, which lie among the tables' chunks: on a bucket of a
+// gigabyte of tables it took 0.1-2.7 s on a 3-server cluster (the blocks
+// that hold them are read). A caller that serialises its saves and
+// deletes (an erase's scrub) lists once and derives the rest.
+type Listing []*jetstream.ObjectInfo
+
+// List lists obs (bounded by listTimeout); an empty bucket is an empty
+// listing.
+func List(ctx context.Context, obs jetstream.ObjectStore) (Listing, error) {
 	objs, err := listObjects(ctx, obs)
 	if errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("partition %d: list checkpoints: %w", p, err)
+		return nil, fmt.Errorf("list objects: %w", err)
 	}
+	return objs, nil
+}
+
+// Checkpoints returns partition p's checkpoints in l, oldest first.
+func (l Listing) Checkpoints(p int) []CheckpointInfo {
 	var out []CheckpointInfo
-	for _, o := range objs {
+	for _, o := range l {
 		op, seq, ok := parseCheckpointName(o.Name)
 		if !ok || op != p || o.Deleted {
 			continue
@@ -401,16 +425,25 @@ func ListCheckpoints(ctx context.Context, obs jetstream.ObjectStore, p int) ([]C
 		}
 		out = append(out, cp)
 	}
-	slices.SortFunc(out, func(a, b CheckpointInfo) int {
-		switch {
-		case a.Seq < b.Seq:
-			return -1
-		case a.Seq > b.Seq:
-			return 1
+	slices.SortFunc(out, func(a, b CheckpointInfo) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out
+}
+
+// Tables returns partition p's table objects in l, the set a save's
+// SaveOptions.Stored takes.
+func (l Listing) Tables(p int) map[string]bool {
+	return l.names(fmt.Sprintf("partition-%d/sst/", p))
+}
+
+// names returns the names in l, not deleted, that start with prefix.
+func (l Listing) names(prefix string) map[string]bool {
+	out := map[string]bool{}
+	for _, o := range l {
+		if !o.Deleted && strings.HasPrefix(o.Name, prefix) {
+			out[o.Name] = true
 		}
-		return 0
-	})
-	return out, nil
+	}
+	return out
 }
 
 // restorePrefix starts the name of a directory Restore stages in.

@@ -210,20 +210,11 @@ func digestFile(path string) (string, error) {
 
 // objectNames lists the live objects whose names start with prefix.
 func objectNames(ctx context.Context, obs jetstream.ObjectStore, prefix string) (map[string]bool, error) {
-	out := map[string]bool{}
-	objs, err := listObjects(ctx, obs)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		return out, nil
-	}
+	l, err := List(ctx, obs)
 	if err != nil {
-		return nil, fmt.Errorf("list objects: %w", err)
+		return nil, err
 	}
-	for _, o := range objs {
-		if !o.Deleted && strings.HasPrefix(o.Name, prefix) {
-			out[o.Name] = true
-		}
-	}
-	return out, nil
+	return l.names(prefix), nil
 }
 
 // DefaultChunkSize is the Object Store's own chunk size, used when
@@ -321,15 +312,26 @@ func fetchTable(ctx context.Context, obs jetstream.ObjectStore, t tableEntry, pa
 // and their bytes. A format-2 checkpoint whose list cannot be read stops
 // the collection (nothing is deleted on a guess).
 func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int) (n int, size uint64, err error) {
-	cps, err := ListCheckpoints(ctx, obs, p)
+	l, err := List(ctx, obs)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("partition %d: %w", p, err)
 	}
+	return CollectTablesIn(ctx, js, obs, bucket, p, l.Checkpoints(p), l, nil)
+}
+
+// CollectTablesIn is CollectTables for a caller that listed the bucket
+// once (l) and serialises every save and delete of partition p since:
+// cps are the checkpoints stored now, and stored the table objects
+// uploaded since the listing (a save's CheckpointInfo.Stored; nil if
+// none), whose data keys are live though l does not show them. It deletes
+// the unlisted tables side by side (deleteConcurrency at a time): most
+// are sealed, and each delete is a few round trips.
+func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int, cps []CheckpointInfo, l Listing, stored map[string]bool) (n int, size uint64, err error) {
 	keep := map[string]bool{}
 	for _, cp := range cps {
 		raw, err := obs.GetBytes(ctx, TablesName(p, cp.Seq))
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
-			continue // format 1: its tables are inside it
+			continue // format 1 (its tables are inside it), or a tail
 		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
@@ -342,15 +344,9 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 			keep[t.Object] = true
 		}
 	}
-	objs, err := listObjects(ctx, obs)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		return 0, 0, nil
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("partition %d: list objects: %w", p, err)
-	}
 	prefix := fmt.Sprintf("partition-%d/", p)
-	for _, o := range objs {
+	var doomed []*jetstream.ObjectInfo
+	for _, o := range l {
 		if o.Deleted || keep[o.Name] || !strings.HasPrefix(o.Name, prefix) {
 			continue
 		}
@@ -359,18 +355,26 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 		if !strings.HasPrefix(rest, "sst/") && !orphanList {
 			continue
 		}
-		if err := DeleteObject(ctx, js, obs, bucket, o.Name); err != nil {
-			return n, size, err
-		}
+		doomed = append(doomed, o)
+	}
+	if err := DeleteEach(ctx, len(doomed), func(ctx context.Context, i int) error {
+		return DeleteObject(ctx, js, obs, bucket, doomed[i].Name)
+	}); err != nil {
+		return 0, 0, err
+	}
+	for _, o := range doomed {
 		n++
 		size += o.Size
 	}
 	if b, ok := obs.(*Bucket); ok {
 		// A key whose table is not in the bucket: an upload cut short after
 		// its key was stored (or a delete after its key's destruction).
-		live := map[string]bool{}
-		for _, o := range objs {
-			live[o.Name] = !o.Deleted
+		live := maps.Clone(stored)
+		if live == nil {
+			live = map[string]bool{}
+		}
+		for _, o := range l {
+			live[o.Name] = live[o.Name] || !o.Deleted
 		}
 		names, err := attempt.Bounded(ctx, listPolicy, func(ctx context.Context) ([]string, error) {
 			l, err := b.keys.ListKeys(ctx)
@@ -396,6 +400,44 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 		}
 	}
 	return n, size, nil
+}
+
+// deleteConcurrency is how many objects CollectTablesIn deletes at once.
+const deleteConcurrency = 8
+
+// DeleteEach runs del(ctx, i) for i in [0, n), deleteConcurrency at a
+// time, and returns the first error (the others stop at their next
+// call: their context is cancelled).
+func DeleteEach(ctx context.Context, n int, del func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, deleteConcurrency) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := del(ctx, i); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	return nil
 }
 
 // listed reports whether the table list name belongs to a stored

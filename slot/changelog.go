@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -828,9 +829,19 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	// Every write-set appended from now on is kept for step 3's tail; the
 	// ones appended before and not yet in the checkpoint are read back
 	// from the log beside the writer (readTail).
+	// One listing of the bucket for the whole scrub: the lock is held, so
+	// nothing else of this slot saves or deletes until it ends, and a
+	// listing reads every block of the bucket's stream that holds a meta
+	// message (seconds at a gigabyte of tables).
+	listing, err := partition.List(ctx, c.obs)
+	if err != nil {
+		return fmt.Errorf("changelog: an erase's scrub: %w", err)
+	}
 	rec := c.cl.Record(maxTailBytes)
 	defer c.cl.StopRecording(rec)
-	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, c.pacedSaveOptions())
+	opts := c.pacedSaveOptions()
+	opts.Stored = listing.Tables(c.part)
+	first, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts)
 	if err != nil {
 		return fmt.Errorf("changelog: checkpoint after an erase: %w", err)
 	}
@@ -838,6 +849,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d, below the erase's marker %d", first.Seq, marker)
 	}
 	c.step("checkpointed")
+	tSaved := time.Since(t0)
 	c.cl.Trim(rec, first.Seq) // in the checkpoint: not the tail's
 	c.waitStandbys(ctx, first.Seq)
 	before, readBack, err := c.readTail(ctx, first.Seq, rec.From())
@@ -887,21 +899,32 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return err
 	}
 	c.step("purged")
-	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
-	if err != nil {
+	tPurged := time.Since(t0)
+	// The checkpoints now: those listed, the first save and the last.
+	var doomed, kept []partition.CheckpointInfo
+	for _, cp := range append(listing.Checkpoints(c.part), first, final) {
+		switch {
+		case slices.ContainsFunc(kept, func(k partition.CheckpointInfo) bool { return k.Name == cp.Name }):
+		case cp.Seq >= final.Seq || cp.Name == final.Base:
+			kept = append(kept, cp) // the new checkpoint, or the base of its tail
+		case !slices.ContainsFunc(doomed, func(d partition.CheckpointInfo) bool { return d.Name == cp.Name }):
+			doomed = append(doomed, cp)
+		}
+	}
+	if err := partition.DeleteEach(ctx, len(doomed), func(ctx context.Context, i int) error {
+		if err := c.deleteCheckpoint(ctx, doomed[i].Name); err != nil {
+			return fmt.Errorf("changelog: delete checkpoint %s after an erase: %w", doomed[i].Name, err)
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
-	deleted := 0
-	for _, cp := range cps {
-		if cp.Seq >= final.Seq || cp.Name == final.Base {
-			continue // the new checkpoint, or the base of its tail
-		}
-		if err := c.deleteCheckpoint(ctx, cp.Name); err != nil {
-			return fmt.Errorf("changelog: delete checkpoint %s after an erase: %w", cp.Name, err)
-		}
-		deleted++
+	deleted := len(doomed)
+	stored := first.Stored
+	if final.Stored != nil {
+		stored = final.Stored // a last save that was whole uploaded more
 	}
-	collected, collectedBytes, err := partition.CollectTables(ctx, c.js, c.obs, c.status.Bucket, c.part)
+	collected, collectedBytes, err := partition.CollectTablesIn(ctx, c.js, c.obs, c.status.Bucket, c.part, kept, listing, stored)
 	if err != nil {
 		return fmt.Errorf("changelog: collect tables after an erase: %w", err)
 	}
@@ -921,7 +944,8 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", final.Name, "seq", final.Seq,
 		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
 		"tables_collected", collected, "bytes_collected", collectedBytes, "tail_write_sets", final.TailWriteSets,
-		"writer_held", held, "took", time.Since(t0))
+		"writer_held", held, "took", time.Since(t0),
+		"took_save", tSaved, "took_to_purge", tPurged-tSaved, "took_collect", time.Since(t0)-tPurged)
 	return nil
 }
 
