@@ -146,10 +146,18 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 // only answers 400 to a read with a query parameter the route does not
 // know, naming the ones it does: a misspelt or foreign parameter
 // (?as_of_tx=...) would otherwise be ignored, and the read answer "now"
-// as if nothing were asked, a 404 indistinguishable from a delete.
+// as if nothing were asked, a 404 indistinguishable from a delete. A
+// query that does not decode (a bad %-escape, a ';') is 400 for the same
+// reason: URL.Query drops the pairs it cannot decode, so ?tx=...%ZZ or
+// ?tx=...;x would be read "now".
 func only(h http.HandlerFunc, known ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		for name := range r.URL.Query() {
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("the query does not decode: %s (escape %% as %%25 and ; as %%3B)", storage.QuoteShort(err.Error())))
+			return
+		}
+		for name := range q {
 			if slices.Contains(known, name) {
 				continue
 			}

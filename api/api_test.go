@@ -452,6 +452,8 @@ func TestNotFoundAndErrorBodies(t *testing.T) {
 		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=2020-01-01T00:00:00Z", 404},
 		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=2020-01-01T00:00:00.5%2B05:30", 404},
 		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=1969-12-31T23:59:59.999999999Z", 404},
+		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=2020-01-01t00:00:00z", 404},
+		{"/v1/tenants/acme/nodes/" + n.String() + "?tx=2020-01-01T00:00:00%2B24:00", 400},
 		{"/v1/tenants/acme/nodes/" + strings.ToUpper(n.String()), 404},
 		// Unknown parameters are refused, not ignored (a read "now" would
 		// answer 404 as if the node were deleted).
@@ -461,6 +463,16 @@ func TestNotFoundAndErrorBodies(t *testing.T) {
 		{"/v1/journals?tenant=acme", 400},
 		{"/v1/tenants/acme/nodes/" + n.String() + "/edges?dir=out&limit=5", 200},
 		{"/v1/tenants/acme/nodes/" + n.String() + "/edges?dir=", 400},
+		// A query that does not decode is refused whole, not read "now"
+		// without the pairs that failed (URL.Query drops them).
+		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=2020-01-01T00:00:00Z;x", 400},
+		{"/v1/tenants/acme/nodes/" + n.String() + "?valid=2020-01-01T00:00:00Z%ZZ", 400},
+		{"/v1/tenants/acme/nodes/" + n.String() + "?tx=2020-01-01T00:00:00Z&tx=%ZZ", 400},
+		{"/v1/tenants/acme/nodes/" + n.String() + "?%ZZ=1", 400},
+		{"/v1/tenants/acme/nodes/" + n.String() + "/history?tx=2020-01-01T00:00:00Z;", 400},
+		{"/v1/tenants/acme/nodes/" + n.String() + "/edges?dir=sideways;", 400},
+		{"/v1/tenants/acme/nodes?tx=%ZZ", 400},
+		{"/v1/journals?%ZZ", 400},
 		// A trailing slash names no route: 404, not 405 (GET is allowed).
 		{"/v1/tenants/acme/nodes/" + n.String() + "/", 404},
 		{"/v1/tenants/acme/nodes/", 404},

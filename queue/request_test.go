@@ -234,6 +234,13 @@ func TestDecodeRequestRejects(t *testing.T) {
 		{"valid_from empty", "", body("put_node", "valid_from", ""), ReasonInvalid, "valid_from"},
 		{"valid_from month 13", "", body("put_node", "valid_from", "2020-13-01T00:00:00Z"), ReasonInvalid, "valid_from"},
 		{"valid_from Feb 30", "", body("put_node", "valid_from", "2021-02-30T00:00:00Z"), ReasonInvalid, "valid_from"},
+		// RFC 3339's offsets stop at 23:59; Go's parser takes +24:00 and
+		// +23:60, a day away from what the sender meant.
+		{"valid_from offset +24:00", "", body("put_node", "valid_from", "2020-01-01T00:00:00+24:00"), ReasonInvalid, "valid_from"},
+		{"valid_from offset +23:60", "", body("put_node", "valid_from", "2020-01-01T00:00:00+23:60"), ReasonInvalid, "valid_from"},
+		{"valid_from offset -00:60", "", body("put_node", "valid_from", "2020-01-01T00:00:00-00:60"), ReasonInvalid, "valid_from"},
+		{"valid_from offset -23:59", "", body("put_node", "valid_from", "2020-01-01T00:00:00-23:59"), "", ""},
+		{"valid_from lower-case t and z (RFC 3339 §5.6)", "", body("put_node", "valid_from", "2020-01-01t00:00:00.5z"), "", ""},
 		{"valid_from unix seconds", "", body("put_node", "valid_from", "1700000000"), ReasonInvalid, "valid_from"},
 		{"valid_to year 10000", "", body("put_node", "valid_to", "10000-01-01T00:00:00Z"), ReasonInvalid, "valid_to"},
 		{"valid_end year 10000", "", body("tombstone_node", "valid_end", "10000-01-01T00:00:00Z"), ReasonInvalid, "valid_end"},

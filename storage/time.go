@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -45,10 +46,17 @@ func (ts Ts) String() string {
 }
 
 // ParseTs parses any RFC 3339 time (fractional digits optional, after a
-// '.'), whose UTC form lies in years 0000-9999 (so that it prints back as
-// RFC 3339).
+// '.'; 'T' and 'Z' in either case, as RFC 3339 §5.6 allows), whose UTC
+// form lies in years 0000-9999 (so that it prints back as RFC 3339).
 func ParseTs(s string) (Ts, error) {
-	t, err := time.Parse(time.RFC3339Nano, s)
+	in := s
+	if strings.ContainsAny(s, "tz") {
+		in = strings.ToUpper(s) // nothing else of a valid time has a letter
+	}
+	t, err := time.Parse(time.RFC3339Nano, in)
+	if err == nil && !offsetInRange(in) {
+		err = errors.New("offset out of range")
+	}
 	if err != nil || strings.Contains(s, ",") {
 		hint := ""
 		if strings.Contains(s, " ") {
@@ -60,6 +68,17 @@ func ParseTs(s string) (Ts, error) {
 		return 0, fmt.Errorf("time %s is outside years 0000-9999 in UTC", QuoteShort(s))
 	}
 	return TsFromTime(t), nil
+}
+
+// offsetInRange reports whether the numeric offset that ends s, if any,
+// is one RFC 3339 allows: hours 00-23 and minutes 00-59. Go's parser takes
+// +24:00 and +23:60 (a day ahead, read as another instant).
+func offsetInRange(s string) bool {
+	n := len(s)
+	if n < 6 || (s[n-6] != '+' && s[n-6] != '-') || s[n-3] != ':' {
+		return true
+	}
+	return s[n-5:n-3] <= "23" && s[n-2:] <= "59"
 }
 
 // QuoteShort quotes s for an error message, cut to its first 64 bytes
