@@ -105,3 +105,89 @@ func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestCollectFromAListingBeforeASave: an erase's scrub lists the bucket
+// once, before its save, and collects from that listing after it. The
+// tables the save uploaded are not in the listing: their data keys must
+// survive (the save's Stored says they are live), or the checkpoint just
+// stored would not restore; the tables only the older checkpoint held go,
+// keys and all.
+func TestCollectFromAListingBeforeASave(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := obs.(*Bucket)
+	src, err := pebble.Open(t.TempDir(), storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	opts := SaveOptions{ChunkSize: ChunkSizeFor(js.Conn().MaxPayload())}
+	for i := range 3 {
+		fill(t, src, "keep"+string(rune('a'+i)), 100, 800)
+	}
+	victim := []byte("\x01keepa-000001")
+	applied(t, src, 1)
+	old, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listing, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eraseLocally(t, src, victim, 2) // rewrites the victim's table
+	opts.Stored = listing.Tables(0)
+	saved, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved.TablesUploaded == 0 {
+		t.Fatal("the save after the erase uploaded no table")
+	}
+	if err := DeleteCheckpoint(ctx, js, obs, "TELHA_CKPT", old.Name); err != nil {
+		t.Fatal(err)
+	}
+	kept := []CheckpointInfo{saved}
+	n, _, err := CollectTablesIn(ctx, js, obs, "TELHA_CKPT", 0, kept, listing, saved.Stored)
+	if err != nil || n == 0 {
+		t.Fatalf("collected %d, %v; want the tables the erase replaced", n, err)
+	}
+	// Every table of the kept checkpoint keeps its key, so it restores.
+	dst := filepath.Join(t.TempDir(), "restored")
+	if seq, err := Restore(ctx, obs, 0, dst); err != nil || seq != 2 {
+		t.Fatalf("restore after collecting from the older listing = %d, %v", seq, err)
+	}
+	db, err := pebble.Open(dst, storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	assertSameStore(t, src, db)
+	// What the listing held and no checkpoint names is gone, keys too.
+	after, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables := after.Tables(0)
+	if len(tables) != saved.Tables {
+		t.Fatalf("%d table objects after the collection, the kept checkpoint holds %d", len(tables), saved.Tables)
+	}
+	lister, err := b.keys.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := 0
+	for name := range lister.Keys() {
+		if !tables[name] {
+			t.Errorf("the data key of %s outlived its table", name)
+		}
+		keys++
+	}
+	if keys != saved.Tables {
+		t.Fatalf("%d data keys for the %d tables kept", keys, saved.Tables)
+	}
+}
