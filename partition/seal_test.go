@@ -1,12 +1,14 @@
 package partition
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/sealed"
 	"github.com/telha/telha-cascade/internal/testnats"
@@ -90,15 +92,7 @@ func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
 	if destroyed != n {
 		t.Fatalf("%d keys destroyed for %d tables collected", destroyed, n)
 	}
-	dst := filepath.Join(t.TempDir(), "restored")
-	if seq, err := Restore(ctx, obs, 0, dst); err != nil || seq != 2 {
-		t.Fatalf("restore after the collection = %d, %v", seq, err)
-	}
-	db, err := pebble.Open(dst, storeOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := restoreOpen(t, ctx, obs, 2)
 	if v, c, err := db.Get(victim); err != nil || string(v) != "{}" {
 		t.Fatalf("restored victim = %q, %v", v, err)
 	} else {
@@ -157,15 +151,7 @@ func TestCollectFromAListingBeforeASave(t *testing.T) {
 		t.Fatalf("collected %d, %v; want the tables the erase replaced", n, err)
 	}
 	// Every table of the kept checkpoint keeps its key, so it restores.
-	dst := filepath.Join(t.TempDir(), "restored")
-	if seq, err := Restore(ctx, obs, 0, dst); err != nil || seq != 2 {
-		t.Fatalf("restore after collecting from the older listing = %d, %v", seq, err)
-	}
-	db, err := pebble.Open(dst, storeOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := restoreOpen(t, ctx, obs, 2)
 	assertSameStore(t, src, db)
 	// What the listing held and no checkpoint names is gone, keys too.
 	after, err := List(ctx, obs)
@@ -190,4 +176,20 @@ func TestCollectFromAListingBeforeASave(t *testing.T) {
 	if keys != saved.Tables {
 		t.Fatalf("%d data keys for the %d tables kept", keys, saved.Tables)
 	}
+}
+
+// restoreOpen restores partition 0's newest checkpoint, which must reflect
+// seq, and opens it (closed at the test's end).
+func restoreOpen(t *testing.T, ctx context.Context, obs jetstream.ObjectStore, seq uint64) *pebble.DB {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "restored")
+	if got, err := Restore(ctx, obs, 0, dst); err != nil || got != seq {
+		t.Fatalf("restore = %d, %v; want %d", got, err, seq)
+	}
+	db, err := pebble.Open(dst, storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
