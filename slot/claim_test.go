@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,5 +177,54 @@ func TestAScrubThatWaitedOutTheCheckpointCounts(t *testing.T) {
 	}
 	if failed != 1 {
 		t.Fatalf("%d scrub failures counted, want 1", failed)
+	}
+}
+
+// TestTheHeldStepRefusesAStoreBehindItsLog: a store stopped by a failed
+// multi-part append lags its changelog (the log took the write-set, the
+// store did not). An erase's scrub must then neither store a tail nor
+// purge: the tail would hold a write-set the store never applied, and the
+// purge would drop the only copy of it. Here the log moves past the store
+// while the scrub's first save uploads; the held step refuses.
+func TestTheHeldStepRefusesAStoreBehindItsLog(t *testing.T) {
+	ctx, cfg, c, _ := openTestChangelog(t)
+	pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pe.Close()
+	c.db.Store(pe.DB)
+	marker, err := partition.AppliedSeq(pe.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.scrubStep = func(step string) {
+		if step != "checkpointed" {
+			return
+		}
+		if _, err := c.cl.Append(ctx, writeSet(t, "committed-to-the-log-only", "v")); err != nil {
+			t.Errorf("the append the store never applied: %v", err)
+		}
+	}
+	held := false
+	err = c.ScrubCopies(ctx, marker, func(ctx context.Context, f func() error) error { held = true; return f() })
+	if err == nil || !strings.Contains(err.Error(), "not saved, not purged") || !held {
+		t.Fatalf("a scrub whose store lags its log: %v (held step reached: %v), want the held step's refusal", err, held)
+	}
+	_, first, last, err := c.LogIdentity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != 1 || last != marker+1 {
+		t.Fatalf("the log spans %d-%d after the refusal, want 1-%d: nothing purged", first, last, marker+1)
+	}
+	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range cps {
+		if cp.Base != "" || cp.Seq > marker {
+			t.Errorf("checkpoint %s (base %q) stored: the store does not reflect sequence %d", cp.Name, cp.Base, cp.Seq)
+		}
 	}
 }
