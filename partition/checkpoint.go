@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -88,6 +89,9 @@ type CheckpointInfo struct {
 	// tail SaveTail stored holds.
 	Base          string `json:",omitempty"`
 	TailWriteSets int    `json:",omitempty"`
+	// uploaded is each table object this save uploaded, by its stored size
+	// (Listing.With adds them).
+	uploaded map[string]uint64
 }
 
 // CheckpointName is the object name of partition p's checkpoint at seq.
@@ -261,7 +265,8 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 		return CheckpointInfo{}, fmt.Errorf("partition %d: upload checkpoint %s: %w", p, name, err)
 	}
 	return CheckpointInfo{Partition: p, Seq: seq, Name: name, Size: info.Size + up.total, Modified: info.ModTime,
-		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list)), Stored: up.stored}, nil
+		Tables: len(up.tables), TablesUploaded: up.uploaded, BytesUploaded: info.Size + up.uploadedBytes + uint64(len(list)), Stored: up.stored,
+		uploaded: up.sizes}, nil
 }
 
 // storedAt returns partition p's checkpoint at seq when the bucket holds
@@ -433,6 +438,63 @@ func (l Listing) Checkpoints(p int) []CheckpointInfo {
 // SaveOptions.Stored takes.
 func (l Listing) Tables(p int) map[string]bool {
 	return l.names(fmt.Sprintf("partition-%d/sst/", p))
+}
+
+// With returns l as it is after cp was stored (by this caller, with no
+// other write to the bucket since l): its object, and for a whole
+// checkpoint its table list and the tables it uploaded. A checkpoint found
+// already stored (Existed) added nothing.
+func (l Listing) With(cp CheckpointInfo) Listing {
+	if cp.Existed || cp.Name == "" {
+		return l
+	}
+	have := l.names("")
+	out := slices.Clone(l)
+	add := func(o *jetstream.ObjectInfo) {
+		if !have[o.Name] {
+			have[o.Name] = true
+			out = append(out, o)
+		}
+	}
+	meta := map[string]string{metaFormat: formatTarV2}
+	if cp.Base != "" {
+		meta = map[string]string{metaFormat: formatTail, metaBase: cp.Base}
+	} else {
+		add(&jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: TablesName(cp.Partition, cp.Seq)}})
+		for _, name := range slices.Sorted(maps.Keys(cp.uploaded)) {
+			add(&jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: name}, Size: cp.uploaded[name]})
+		}
+	}
+	add(&jetstream.ObjectInfo{ObjectMeta: jetstream.ObjectMeta{Name: cp.Name, Metadata: meta}, Size: cp.Size, ModTime: cp.Modified})
+	return out
+}
+
+// Without returns l without the objects named (deleted by this caller).
+func (l Listing) Without(names ...string) Listing {
+	gone := map[string]bool{}
+	for _, n := range names {
+		gone[n] = true
+	}
+	return slices.DeleteFunc(slices.Clone(l), func(o *jetstream.ObjectInfo) bool { return gone[o.Name] })
+}
+
+// BucketLastSeq returns the last sequence of the stream under bucket (the
+// Object Store bucket of that name): every put or delete of an object
+// adds a message, so a listing taken when it was N, and kept up to date
+// by its only writer (With, Without), is still the bucket's while it is N.
+// One stream info, where a listing reads every block holding a meta
+// message.
+func BucketLastSeq(ctx context.Context, js jetstream.JetStream, bucket string) (uint64, error) {
+	s, err := bounded(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, "OBJ_"+bucket) })
+	if err != nil {
+		return 0, fmt.Errorf("partition: the stream of bucket %s: %w", bucket, err)
+	}
+	return s.CachedInfo().State.LastSeq, nil
+}
+
+// DeletedNames returns the object names DeleteCheckpoint(cp) deletes.
+func DeletedNames(cp CheckpointInfo) []string {
+	return []string{TablesName(cp.Partition, cp.Seq), cp.Name}
 }
 
 // names returns the names in l, not deleted, that start with prefix.

@@ -3,7 +3,10 @@ package partition
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,9 +149,9 @@ func TestCollectFromAListingBeforeASave(t *testing.T) {
 		t.Fatal(err)
 	}
 	kept := []CheckpointInfo{saved}
-	n, _, err := CollectTablesIn(ctx, js, obs, "TELHA_CKPT", 0, kept, listing, saved.Stored)
-	if err != nil || n == 0 {
-		t.Fatalf("collected %d, %v; want the tables the erase replaced", n, err)
+	deleted, _, err := CollectTablesIn(ctx, js, obs, "TELHA_CKPT", 0, kept, listing, saved.Stored)
+	if err != nil || len(deleted) == 0 {
+		t.Fatalf("collected %v, %v; want the tables the erase replaced", deleted, err)
 	}
 	// Every table of the kept checkpoint keeps its key, so it restores.
 	db := restoreOpen(t, ctx, obs, 2)
@@ -157,6 +160,11 @@ func TestCollectFromAListingBeforeASave(t *testing.T) {
 	after, err := List(ctx, obs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The listing kept up to date by its one writer is the bucket's.
+	kept2 := listing.With(saved).Without(DeletedNames(old)...).Without(deleted...)
+	if got, want := describe(kept2), describe(after); !maps.Equal(got, want) {
+		t.Fatalf("the listing kept up to date:\n%v\nthe bucket's:\n%v", got, want)
 	}
 	tables := after.Tables(0)
 	if len(tables) != saved.Tables {
@@ -192,4 +200,21 @@ func restoreOpen(t *testing.T, ctx context.Context, obs jetstream.ObjectStore, s
 	}
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// describe maps each object of l to what a scrub reads of it: its format
+// and base, and its size for a table.
+func describe(l Listing) map[string]string {
+	out := map[string]string{}
+	for _, o := range l {
+		if o.Deleted {
+			continue
+		}
+		d := o.Metadata[metaFormat] + " " + o.Metadata[metaBase]
+		if strings.Contains(o.Name, "/sst/") {
+			d = fmt.Sprint(o.Size)
+		}
+		out[o.Name] = d
+	}
+	return out
 }

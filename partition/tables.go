@@ -109,7 +109,8 @@ type uploaded struct {
 	total         uint64 // bytes of every table
 	uploaded      int
 	uploadedBytes uint64
-	stored        map[string]bool // the partition's table objects in the bucket after
+	stored        map[string]bool   // the partition's table objects in the bucket after
+	sizes         map[string]uint64 // each table object uploaded, by its stored size
 }
 
 // uploadTables stores every table of the checkpoint in dir that the
@@ -156,10 +157,13 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 		}
 	}
 	pace := newPace(rate, newBytes)
+	up.sizes = map[string]uint64{}
 	for _, t := range news {
-		if err := uploadTable(ctx, obs, filepath.Join(dir, t.Name), t.Object, chunk, pace); err != nil {
+		size, err := uploadTable(ctx, obs, filepath.Join(dir, t.Name), t.Object, chunk, pace)
+		if err != nil {
 			return up, fmt.Errorf("upload table %s: %w", t.Name, err)
 		}
+		up.sizes[t.Object] = size
 		up.uploaded++
 		up.uploadedBytes += uint64(t.Size)
 	}
@@ -168,10 +172,10 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 
 // uploadTable stores the table at path as object obj: sealed with a new
 // data key when obs is a *Bucket, at pace (nil: unpaced).
-func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj string, chunk uint32, pace *pace) error {
+func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj string, chunk uint32, pace *pace) (uint64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	meta := jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}
@@ -179,10 +183,10 @@ func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj strin
 	if b, ok := obs.(*Bucket); ok {
 		key, err := b.newKey(ctx, obj)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if r, err = sealed.NewSealReader(f, key); err != nil {
-			return err
+			return 0, err
 		}
 		meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
 	}
@@ -191,8 +195,11 @@ func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj strin
 	}
 	uctx, done := uploadContext(ctx)
 	defer done()
-	_, err = obs.Put(uctx, meta, r)
-	return err
+	info, err := obs.Put(uctx, meta, r)
+	if err != nil {
+		return 0, err
+	}
+	return info.Size, nil
 }
 
 func digestFile(path string) (string, error) {
@@ -316,7 +323,8 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 	if err != nil {
 		return 0, 0, fmt.Errorf("partition %d: %w", p, err)
 	}
-	return CollectTablesIn(ctx, js, obs, bucket, p, l.Checkpoints(p), l, nil)
+	deleted, size, err := CollectTablesIn(ctx, js, obs, bucket, p, l.Checkpoints(p), l, nil)
+	return len(deleted), size, err
 }
 
 // CollectTablesIn is CollectTables for a caller that listed the bucket
@@ -325,8 +333,9 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 // uploaded since the listing (a save's CheckpointInfo.Stored; nil if
 // none), whose data keys are live though l does not show them. It deletes
 // the unlisted tables side by side (deleteConcurrency at a time): most
-// are sealed, and each delete is a few round trips.
-func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int, cps []CheckpointInfo, l Listing, stored map[string]bool) (n int, size uint64, err error) {
+// are sealed, and each delete is a few round trips. deleted names the
+// objects it deleted.
+func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int, cps []CheckpointInfo, l Listing, stored map[string]bool) (deleted []string, size uint64, err error) {
 	keep := map[string]bool{}
 	for _, cp := range cps {
 		raw, err := obs.GetBytes(ctx, TablesName(p, cp.Seq))
@@ -334,11 +343,11 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 			continue // format 1 (its tables are inside it), or a tail
 		}
 		if err != nil {
-			return 0, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
+			return nil, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
 		}
 		list, err := decodeTableList(raw)
 		if err != nil {
-			return 0, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
+			return nil, 0, fmt.Errorf("partition %d: table list of %s: %w", p, cp.Name, err)
 		}
 		for _, t := range list.Tables {
 			keep[t.Object] = true
@@ -360,10 +369,10 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 	if err := DeleteEach(ctx, len(doomed), func(ctx context.Context, i int) error {
 		return DeleteObject(ctx, js, obs, bucket, doomed[i].Name)
 	}); err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	for _, o := range doomed {
-		n++
+		deleted = append(deleted, o.Name)
 		size += o.Size
 	}
 	if b, ok := obs.(*Bucket); ok {
@@ -389,17 +398,17 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 			return out, ctx.Err() // a listing cut short is no listing
 		})
 		if err != nil {
-			return n, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
+			return deleted, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
 		}
 		for _, name := range names {
 			if strings.HasPrefix(name, prefix+"sst/") && !live[name] {
 				if err := destroyKey(ctx, js, b.keys, bucket, name); err != nil {
-					return n, size, err
+					return deleted, size, err
 				}
 			}
 		}
 	}
-	return n, size, nil
+	return deleted, size, nil
 }
 
 // deleteConcurrency is how many objects CollectTablesIn deletes at once.

@@ -147,6 +147,13 @@ type Changelog struct {
 	chunk    uint32                 // object chunk size (partition.ChunkSizeFor)
 	staging  string                 // the data directory: checkpoints stage on its filesystem
 	scrubbed uint64                 // the highest erase marker a finished scrub covered (under run)
+	// inv is the checkpoint bucket as the last scrub left it, valid while
+	// the bucket's stream ends at invSeq (under run; inventory).
+	// listings counts the scrubs that listed the bucket.
+	inv      partition.Listing
+	invSeq   uint64
+	invOK    bool
+	listings int
 	// scrubStep and scrubbedHook are Options.CopyScrubStep and
 	// Options.CopyScrubbed.
 	scrubStep    func(step string)
@@ -829,14 +836,15 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	// Every write-set appended from now on is kept for step 3's tail; the
 	// ones appended before and not yet in the checkpoint are read back
 	// from the log beside the writer (readTail).
-	// One listing of the bucket for the whole scrub: the lock is held, so
-	// nothing else of this slot saves or deletes until it ends, and a
-	// listing reads every block of the bucket's stream that holds a meta
-	// message (seconds at a gigabyte of tables).
-	listing, err := partition.List(ctx, c.obs)
+	// One listing of the bucket for the whole scrub, or none: the lock is
+	// held, so nothing else of this slot saves or deletes until it ends,
+	// and a listing reads every block of the bucket's stream that holds a
+	// meta message (seconds at a gigabyte of tables).
+	listing, err := c.inventory(ctx)
 	if err != nil {
 		return fmt.Errorf("changelog: an erase's scrub: %w", err)
 	}
+	tListed := time.Since(t0)
 	rec := c.cl.Record(maxTailBytes)
 	defer c.cl.StopRecording(rec)
 	opts := c.pacedSaveOptions()
@@ -924,10 +932,16 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if final.Stored != nil {
 		stored = final.Stored // a last save that was whole uploaded more
 	}
-	collected, collectedBytes, err := partition.CollectTablesIn(ctx, c.js, c.obs, c.status.Bucket, c.part, kept, listing, stored)
+	gone, collectedBytes, err := partition.CollectTablesIn(ctx, c.js, c.obs, c.status.Bucket, c.part, kept, listing, stored)
 	if err != nil {
 		return fmt.Errorf("changelog: collect tables after an erase: %w", err)
 	}
+	collected := len(gone)
+	inv := listing.With(first).With(final).Without(gone...)
+	for _, cp := range doomed {
+		inv = inv.Without(partition.DeletedNames(cp)...)
+	}
+	c.keepInventory(ctx, inv)
 	c.scrubbed = purged - 1
 	c.mu.Lock()
 	c.status.Checkpoints++
@@ -945,8 +959,42 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
 		"tables_collected", collected, "bytes_collected", collectedBytes, "tail_write_sets", final.TailWriteSets,
 		"writer_held", held, "took", time.Since(t0),
-		"took_save", tSaved, "took_to_purge", tPurged-tSaved, "took_collect", time.Since(t0)-tPurged)
+		"took_list", tListed, "took_save", tSaved-tListed, "took_to_purge", tPurged-tSaved, "took_collect", time.Since(t0)-tPurged)
 	return nil
+}
+
+// inventory returns a listing of the checkpoint bucket as it is now (run
+// held): the one the last scrub left when the bucket's stream has had no
+// message since (one stream info: nothing else wrote to the bucket,
+// another member or a scheduled checkpoint of this one), else a new
+// listing. Either way the one kept is dropped until the scrub that uses
+// it ends well (keepInventory).
+func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
+	inv, ok := c.inv, c.invOK
+	c.inv, c.invOK = nil, false
+	last, err := partition.BucketLastSeq(ctx, c.js, c.status.Bucket)
+	if err != nil {
+		return nil, err
+	}
+	if ok && last == c.invSeq {
+		return inv, nil
+	}
+	c.listings++
+	return partition.List(ctx, c.obs)
+}
+
+// keepInventory keeps inv, the bucket as this changelog's last scrub left
+// it, for the next scrub, with the stream's last sequence now. Whatever
+// another writer stores after that moves the sequence, and the next scrub
+// lists again; only a write landing between the scrub's last delete and
+// this read would go unseen (the owner of a slot is its bucket's only
+// writer: a scheduled checkpoint runs under the same lock).
+func (c *Changelog) keepInventory(ctx context.Context, inv partition.Listing) {
+	last, err := partition.BucketLastSeq(ctx, c.js, c.status.Bucket)
+	if err != nil {
+		return // the next scrub lists
+	}
+	c.inv, c.invSeq, c.invOK = inv, last, true
 }
 
 // maxTailBytes bounds what an erase's scrub keeps of the write-sets

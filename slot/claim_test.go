@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -88,6 +89,21 @@ func openTestChangelog(t *testing.T) (context.Context, Config, *Changelog, jetst
 		t.Fatal(err)
 	}
 	return ctx, cfg, c, js
+}
+
+// openServingChangelog is openTestChangelog caught up and claimed, its
+// store open (closed at the test's end) as a serving slot's: what an
+// erase's scrub runs on.
+func openServingChangelog(t *testing.T) (context.Context, *Changelog, *storage.PebbleEngine, jetstream.JetStream) {
+	t.Helper()
+	ctx, cfg, c, js := openTestChangelog(t)
+	pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pe.Close() })
+	c.db.Store(pe.DB)
+	return ctx, c, pe, js
 }
 
 // writeSet is a Pebble batch's representation setting key to value.
@@ -187,13 +203,7 @@ func TestAScrubThatWaitedOutTheCheckpointCounts(t *testing.T) {
 // purge would drop the only copy of it. Here the log moves past the store
 // while the scrub's first save uploads; the held step refuses.
 func TestTheHeldStepRefusesAStoreBehindItsLog(t *testing.T) {
-	ctx, cfg, c, _ := openTestChangelog(t)
-	pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pe.Close()
-	c.db.Store(pe.DB)
+	ctx, c, pe, _ := openServingChangelog(t)
 	marker, err := partition.AppliedSeq(pe.DB)
 	if err != nil {
 		t.Fatal(err)
@@ -226,5 +236,85 @@ func TestTheHeldStepRefusesAStoreBehindItsLog(t *testing.T) {
 		if cp.Base != "" || cp.Seq > marker {
 			t.Errorf("checkpoint %s (base %q) stored: the store does not reflect sequence %d", cp.Name, cp.Base, cp.Seq)
 		}
+	}
+}
+
+// TestScrubsKeepTheBucketsListing: an erase's scrub lists the checkpoint
+// bucket once, and the next scrub takes the listing the last one kept up
+// to date when the bucket's stream has had no message since; a message
+// from anyone else (another writer's object) makes it list again. Each
+// scrub's checkpoint restores, and the tables the older ones held are
+// collected from the kept listing as from a new one.
+func TestScrubsKeepTheBucketsListing(t *testing.T) {
+	ctx, c, pe, js := openServingChangelog(t)
+	held := func(ctx context.Context, f func() error) error { return f() }
+	scrub := func(i int) {
+		t.Helper()
+		ws := writeSet(t, fmt.Sprintf("key-%d", i), strings.Repeat("v", 10<<10))
+		seq, err := c.cl.Append(ctx, ws)
+		if err == nil {
+			err = partition.ApplyTo(pe.DB, seq, ws, true)
+		}
+		if err == nil {
+			err = pe.DB.Flush() // a table of its own: every save uploads one
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ScrubCopies(ctx, seq, held); err != nil {
+			t.Fatalf("scrub %d: %v", i, err)
+		}
+		dst := filepath.Join(t.TempDir(), "restored")
+		if got, err := partition.Restore(ctx, c.obs, c.part, dst); err != nil || got != seq {
+			t.Fatalf("restore after scrub %d = %d, %v; want %d", i, got, err, seq)
+		}
+		db, err := pebble.Open(dst, &pebble.Options{Logger: quietPebble{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for j := 0; j <= i; j++ {
+			if _, closer, err := db.Get([]byte(fmt.Sprintf("key-%d", j))); err != nil {
+				t.Fatalf("restore after scrub %d lacks key-%d: %v", i, j, err)
+			} else {
+				closer.Close()
+			}
+		}
+		if cps, err := partition.ListCheckpoints(ctx, c.obs, c.part); err != nil || len(cps) != 1 {
+			t.Fatalf("after scrub %d the bucket holds checkpoints %+v (%v), want only the scrub's", i, cps, err)
+		}
+	}
+	scrub(0)
+	scrub(1)
+	scrub(2)
+	if c.listings != 1 {
+		t.Fatalf("three scrubs listed the bucket %d times, want once", c.listings)
+	}
+	// Another writer's object moves the bucket's stream: the next scrub
+	// lists again, and keeps the other object.
+	obs, err := js.ObjectStore(ctx, c.status.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutString(ctx, "someone-else", "x"); err != nil {
+		t.Fatal(err)
+	}
+	scrub(3)
+	if c.listings != 2 {
+		t.Fatalf("a scrub after another writer's object: %d listings in all, want 2", c.listings)
+	}
+	if _, err := obs.GetInfo(ctx, "someone-else"); err != nil {
+		t.Fatalf("the other writer's object: %v", err)
+	}
+	// What the bucket holds is what the kept listing says.
+	l, err := partition.List(ctx, c.obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Tables(c.part), c.inv.Tables(c.part); !maps.Equal(got, want) || !c.invOK || len(got) == 0 {
+		t.Fatalf("the bucket holds the tables %v, the kept listing %v (kept: %v)", got, want, c.invOK)
+	}
+	if got, want := l.Checkpoints(c.part), c.inv.Checkpoints(c.part); len(got) != 1 || len(want) != 1 || got[0].Name != want[0].Name {
+		t.Fatalf("the bucket holds the checkpoints %+v, the kept listing %+v", got, want)
 	}
 }
