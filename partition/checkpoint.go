@@ -727,8 +727,18 @@ func PruneWith(ctx context.Context, obs jetstream.ObjectStore, p int, keep int, 
 	if err != nil {
 		return 0, err
 	}
+	need, _, err := PruneIn(ctx, cps, p, keep, del)
+	return need, err
+}
+
+// PruneIn is PruneWith over cps, partition p's checkpoints oldest first
+// (Listing.Checkpoints), and also returns the ones it deleted.
+func PruneIn(ctx context.Context, cps []CheckpointInfo, p int, keep int, del func(ctx context.Context, name string) error) (uint64, []CheckpointInfo, error) {
+	if keep < 1 {
+		return 0, nil, fmt.Errorf("partition %d: prune must keep at least one checkpoint, not %d", p, keep)
+	}
 	if len(cps) == 0 {
-		return 1, nil
+		return 1, nil, nil
 	}
 	cut := max(0, len(cps)-keep)
 	bases := map[string]bool{}
@@ -737,13 +747,15 @@ func PruneWith(ctx context.Context, obs jetstream.ObjectStore, p int, keep int, 
 			bases[cp.Base] = true
 		}
 	}
+	var pruned []CheckpointInfo
 	for _, cp := range cps[:cut] {
 		if bases[cp.Name] {
 			continue // a kept tail's base: it goes with its tail
 		}
 		if err := del(ctx, cp.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
-			return 0, fmt.Errorf("partition %d: prune %s: %w", p, cp.Name, err)
+			return 0, nil, fmt.Errorf("partition %d: prune %s: %w", p, cp.Name, err)
 		}
+		pruned = append(pruned, cp)
 	}
-	return cps[cut].Seq + 1, nil
+	return cps[cut].Seq + 1, pruned, nil
 }

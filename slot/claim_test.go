@@ -240,8 +240,9 @@ func TestTheHeldStepRefusesAStoreBehindItsLog(t *testing.T) {
 }
 
 // TestScrubsKeepTheBucketsListing: an erase's scrub lists the checkpoint
-// bucket once, and the next scrub takes the listing the last one kept up
-// to date when the bucket's stream has had no message since; a message
+// bucket once, and the next scrub (or scheduled checkpoint) takes the
+// listing the last one kept up to date when the bucket's stream has had no
+// message since; a message
 // from anyone else (another writer's object) makes it list again. Each
 // scrub's checkpoint restores, and the tables the older ones held are
 // collected from the kept listing as from a new one.
@@ -286,9 +287,23 @@ func TestScrubsKeepTheBucketsListing(t *testing.T) {
 	}
 	scrub(0)
 	scrub(1)
+	// A scheduled checkpoint between two scrubs takes the listing and
+	// keeps it too (it prunes to two checkpoints and collects).
+	c.cfg.CheckpointsKeep = 2
+	ws := writeSet(t, "between", "v")
+	seq, err := c.cl.Append(ctx, ws)
+	if err == nil {
+		err = partition.ApplyTo(pe.DB, seq, ws, true)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.checkpoint(ctx); err != nil || info.Seq != seq {
+		t.Fatalf("a scheduled checkpoint between scrubs: %+v, %v", info, err)
+	}
 	scrub(2)
 	if c.listings != 1 {
-		t.Fatalf("three scrubs listed the bucket %d times, want once", c.listings)
+		t.Fatalf("three scrubs and a checkpoint listed the bucket %d times, want once", c.listings)
 	}
 	// Another writer's object moves the bucket's stream: the next scrub
 	// lists again, and keeps the other object.
