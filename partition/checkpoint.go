@@ -478,18 +478,26 @@ func (l Listing) Without(names ...string) Listing {
 	return slices.DeleteFunc(slices.Clone(l), func(o *jetstream.ObjectInfo) bool { return gone[o.Name] })
 }
 
-// BucketLastSeq returns the last sequence of the stream under bucket (the
-// Object Store bucket of that name): every put or delete of an object
-// adds a message, so a listing taken when it was N, and kept up to date
-// by its only writer (With, Without), is still the bucket's while it is N.
-// One stream info, where a listing reads every block holding a meta
-// message.
-func BucketLastSeq(ctx context.Context, js jetstream.JetStream, bucket string) (uint64, error) {
+// BucketState is where the stream under an Object Store bucket stands:
+// every put or delete of an object adds a message, so a listing taken when
+// the stream stood at a state, and brought up to date by its one writer
+// (With, Without), is still the bucket's while the stream stands there.
+// Created tells a stream deleted and made again apart from the old one at
+// the same sequence.
+type BucketState struct {
+	LastSeq uint64
+	Created time.Time
+}
+
+// BucketStateOf returns the state of the stream under bucket: one stream
+// info, where a listing reads every block holding a meta message.
+func BucketStateOf(ctx context.Context, js jetstream.JetStream, bucket string) (BucketState, error) {
 	s, err := bounded(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, "OBJ_"+bucket) })
 	if err != nil {
-		return 0, fmt.Errorf("partition: the stream of bucket %s: %w", bucket, err)
+		return BucketState{}, fmt.Errorf("partition: the stream of bucket %s: %w", bucket, err)
 	}
-	return s.CachedInfo().State.LastSeq, nil
+	si := s.CachedInfo()
+	return BucketState{LastSeq: si.State.LastSeq, Created: si.Created}, nil
 }
 
 // DeletedNames returns the object names DeleteCheckpoint(cp) deletes.

@@ -148,10 +148,10 @@ type Changelog struct {
 	staging  string                 // the data directory: checkpoints stage on its filesystem
 	scrubbed uint64                 // the highest erase marker a finished scrub covered (under run)
 	// inv is the checkpoint bucket as the last scrub or checkpoint left
-	// it, valid while the bucket's stream ends at invSeq (under run;
+	// it, valid while the bucket's stream stands at invAt (under run;
 	// inventory). listings counts the listings inventory made.
 	inv      partition.Listing
-	invSeq   uint64
+	invAt    partition.BucketState
 	invOK    bool
 	listings int
 	// scrubStep and scrubbedHook are Options.CopyScrubStep and
@@ -993,11 +993,11 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
 	inv, ok := c.inv, c.invOK
 	c.inv, c.invOK = nil, false
-	last, err := partition.BucketLastSeq(ctx, c.js, c.status.Bucket)
+	now, err := partition.BucketStateOf(ctx, c.js, c.status.Bucket)
 	if err != nil {
 		return nil, err
 	}
-	if ok && last == c.invSeq {
+	if ok && now == c.invAt {
 		return inv, nil
 	}
 	c.listings++
@@ -1005,17 +1005,17 @@ func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
 }
 
 // keepInventory keeps inv, the bucket as this changelog's last scrub or
-// checkpoint left it, for the next, with the stream's last sequence now.
+// checkpoint left it, for the next, with where the bucket's stream stands now.
 // Whatever another writer stores after that moves the sequence, and the
 // next one lists again; only a write landing between the last delete and
 // this read would go unseen (a slot's owner is the only writer of its
 // partition's objects; scrubs and checkpoints run under one lock).
 func (c *Changelog) keepInventory(ctx context.Context, inv partition.Listing) {
-	last, err := partition.BucketLastSeq(ctx, c.js, c.status.Bucket)
+	now, err := partition.BucketStateOf(ctx, c.js, c.status.Bucket)
 	if err != nil {
 		return // the next scrub lists
 	}
-	c.inv, c.invSeq, c.invOK = inv, last, true
+	c.inv, c.invAt, c.invOK = inv, now, true
 }
 
 // maxTailBytes bounds what an erase's scrub keeps of the write-sets

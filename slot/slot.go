@@ -536,7 +536,19 @@ func (a *Slot) Run(ctx context.Context) (err error) {
 	bgCtx, stopBG := context.WithCancel(context.Background())
 	bg.Add(1)
 	go func() { defer bg.Done(); a.refreshStats(bgCtx) }()
-	defer func() { stopBG(); bg.Wait() }()
+	defer func() {
+		stopBG()
+		// Pebble failed (parked): its fatal handler parked a goroutine
+		// holding Pebble's mutex, and the feed's read or the stats'
+		// refresh may wait on it for good, as the worker may. They are
+		// left to the process's exit with the store (close); waiting here
+		// kept the slot's run from ending, so the member never gave the
+		// slot up (CI: TestABrokenSlotMovesToAnotherMember hung in the
+		// feed's NewSnapshot).
+		if !st.Parked() {
+			bg.Wait()
+		}
+	}()
 	{
 		// With --change-feed=false too: it publishes nothing then, but
 		// an erase still deletes from TELHA_CHG the puts published
@@ -712,6 +724,11 @@ func (a *Slot) metricsState() metrics.State {
 		},
 		DiskFree: a.store.DiskFree,
 		Pebble: func() metrics.PebbleStats {
+			if a.store.Parked() {
+				// Pebble failed holding its mutex: Metrics would wait for
+				// good, and with it every scrape of the member.
+				return metrics.PebbleStats{}
+			}
 			pm := a.store.Engine().Metrics()
 			n, d := a.store.WriteStalls()
 			return metrics.PebbleStats{CompactionDebt: pm.Compact.EstimatedDebt, L0Files: pm.Levels[0].TablesCount,
