@@ -443,10 +443,7 @@ feed:
 	}
 	close(next)
 	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	return nil
+	return context.Cause(ctx)
 }
 
 // listed reports whether the table list name belongs to a stored

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -854,9 +853,6 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if db == nil {
 		return errors.New("changelog: store not open")
 	}
-	// Every write-set appended from now on is kept for step 3's tail; the
-	// ones appended before and not yet in the checkpoint are read back
-	// from the log beside the writer (readTail).
 	// One listing of the bucket for the whole scrub, or none: the lock is
 	// held, so nothing else of this slot saves or deletes until it ends,
 	// and a listing reads every block of the bucket's stream that holds a
@@ -866,6 +862,9 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: an erase's scrub: %w", err)
 	}
 	tListed := time.Since(t0)
+	// Every write-set appended from now on is kept for step 3's tail; the
+	// ones appended before and not yet in the checkpoint are read back
+	// from the log beside the writer (readTail).
 	rec := c.cl.Record(maxTailBytes)
 	defer c.cl.StopRecording(rec)
 	opts := c.pacedSaveOptions()
@@ -931,14 +930,16 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	tPurged := time.Since(t0)
 	// The checkpoints now: those listed, the first save and the last.
 	var doomed, kept []partition.CheckpointInfo
+	seen := map[string]bool{} // first and final may be one, or listed
 	for _, cp := range append(listing.Checkpoints(c.part), first, final) {
 		switch {
-		case slices.ContainsFunc(kept, func(k partition.CheckpointInfo) bool { return k.Name == cp.Name }):
+		case seen[cp.Name]:
 		case cp.Seq >= final.Seq || cp.Name == final.Base:
 			kept = append(kept, cp) // the new checkpoint, or the base of its tail
-		case !slices.ContainsFunc(doomed, func(d partition.CheckpointInfo) bool { return d.Name == cp.Name }):
+		default:
 			doomed = append(doomed, cp)
 		}
+		seen[cp.Name] = true
 	}
 	if err := partition.DeleteEach(ctx, len(doomed), func(ctx context.Context, i int) error {
 		if err := c.deleteCheckpoint(ctx, doomed[i].Name); err != nil {
