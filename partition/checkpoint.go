@@ -2,6 +2,7 @@ package partition
 
 import (
 	"archive/tar"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -244,12 +245,12 @@ func SaveCheckpointWith(ctx context.Context, obs jetstream.ObjectStore, p int, d
 	}
 	uctx, done := uploadContext(ctx)
 	defer done()
-	if _, err := obs.PutBytes(uctx, TablesName(p, seq), list); err != nil {
+	if _, err := putObject(uctx, obs, jetstream.ObjectMeta{Name: TablesName(p, seq)}, bytes.NewReader(list)); err != nil {
 		return CheckpointInfo{}, fmt.Errorf("partition %d: checkpoint %s: table list: %w", p, name, err)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTar(pw, dir, isTable)) }()
-	info, err := obs.Put(uctx, jetstream.ObjectMeta{
+	info, err := putObject(uctx, obs, jetstream.ObjectMeta{
 		Name:        name,
 		Description: fmt.Sprintf("partition %d at changelog sequence %d", p, seq),
 		Metadata: map[string]string{
@@ -656,7 +657,7 @@ func syncDir(dir string) error {
 // fetchCheckpoint extracts object name into dir. It accepts only relative
 // paths that stay inside dir, and only files and directories.
 func fetchCheckpoint(ctx context.Context, obs jetstream.ObjectStore, name, dir string) error {
-	res, err := obs.Get(ctx, name)
+	res, err := openObject(ctx, obs, name)
 	if err != nil {
 		return err
 	}

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/telha/telha-cascade/internal/testnats"
 )
 
 // TestDeleteObjectFinishesAnInterruptedDelete: a delete cut short after it
@@ -16,13 +14,7 @@ import (
 // DeleteObject overwrites the rest and deletes it (it failed for good
 // before, expecting the object's chunk count).
 func TestDeleteObjectFinishesAnInterruptedDelete(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	srv := testnats.Start(t)
-	js := connectJS(t, srv.ClientURL())
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, js, obs := startBucket(t)
 	const name = "partition-0/seq-00000000000000000007.tar"
 	body := bytes.Repeat([]byte("chunk-bytes-"), 4096) // 48 KB in 4 KB chunks
 	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: 4096}}, bytes.NewReader(body))

@@ -41,6 +41,21 @@ func startJS(t testing.TB) jetstream.JetStream {
 	return connectJS(t, srv.ClientURL())
 }
 
+// startBucket starts an embedded single server (its store directory is
+// srv.Opts.StoreDir, for scans of what it wrote) and opens the checkpoint
+// bucket on it (a *Bucket: it seals what it stores).
+func startBucket(t *testing.T) (context.Context, *testnats.Server, jetstream.JetStream, jetstream.ObjectStore) {
+	t.Helper()
+	ctx := testCtx(t, time.Minute)
+	srv := testnats.Start(t)
+	js := connectJS(t, srv.ClientURL())
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, srv, js, obs
+}
+
 func openDB(t testing.TB, dir string) *pebble.DB {
 	t.Helper()
 	if dir == "" {

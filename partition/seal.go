@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -118,6 +119,31 @@ func destroyKey(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 		return fmt.Errorf("partition: destroy the data key of %s: %w", name, err)
 	}
 	return nil
+}
+
+// putObject stores r as object meta.Name of obs: sealed with a new data
+// key when obs is a *Bucket (the key stored first, so a listed object
+// always has its key), as it is otherwise. Every object this package
+// stores goes through it: tables, table lists, checkpoint archives and
+// tails, so that deleting any of them destroys a key instead of
+// overwriting its chunks (DeleteObject).
+func putObject(ctx context.Context, obs jetstream.ObjectStore, meta jetstream.ObjectMeta, r io.Reader) (*jetstream.ObjectInfo, error) {
+	if b, ok := obs.(*Bucket); ok {
+		key, err := b.newKey(ctx, meta.Name)
+		if err != nil {
+			return nil, err
+		}
+		if r, err = sealed.NewSealReader(r, key); err != nil {
+			return nil, err
+		}
+		md := maps.Clone(meta.Metadata)
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[sealed.Meta] = sealed.V1
+		meta.Metadata = md
+	}
+	return obs.Put(ctx, meta, r)
 }
 
 // keysOf returns the key bucket of obs (bucket, in js).

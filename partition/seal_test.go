@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/sealed"
-	"github.com/telha/telha-cascade/internal/testnats"
 )
 
 // TestSealedTablesAreShreddedByTheirKeys: tables saved through the
@@ -23,13 +22,7 @@ import (
 // holds the key's bytes after) and deletes its object, and the store
 // still restores from the newer checkpoint.
 func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	srv := testnats.Start(t)
-	js := connectJS(t, srv.ClientURL())
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, srv, js, obs := startBucket(t)
 	b := obs.(*Bucket)
 	src, err := pebble.Open(t.TempDir(), storeOpts())
 	if err != nil {
@@ -66,8 +59,22 @@ func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
 		}
 		oldKeys[name] = k
 	}
-	if len(oldKeys) != old.Tables {
-		t.Fatalf("%d data keys for %d tables", len(oldKeys), old.Tables)
+	// Every object of the save is sealed: its tables, its archive and its
+	// table list (DECISIONS 94), each with a key of its own.
+	listed, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range listed {
+		if o.Metadata[sealed.Meta] != sealed.V1 {
+			t.Errorf("%s is stored unsealed (metadata %v)", o.Name, o.Metadata)
+		}
+		if _, ok := oldKeys[o.Name]; !ok {
+			t.Errorf("%s has no data key", o.Name)
+		}
+	}
+	if len(oldKeys) != old.Tables+2 || len(listed) != len(oldKeys) {
+		t.Fatalf("%d data keys for %d objects (%d tables, the archive, its list)", len(oldKeys), len(listed), old.Tables)
 	}
 	eraseLocally(t, src, victim, 2)
 	if _, err := SaveCheckpointWith(ctx, obs, 0, src, opts); err != nil {
@@ -92,8 +99,13 @@ func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if destroyed != n {
-		t.Fatalf("%d keys destroyed for %d tables collected", destroyed, n)
+	if destroyed != n+2 {
+		t.Fatalf("%d keys destroyed for %d tables collected and the deleted checkpoint's archive and list", destroyed, n)
+	}
+	for _, name := range DeletedNames(old) {
+		if _, err := sealed.Key(ctx, b.keys, name); !errors.Is(err, sealed.ErrKeyDestroyed) {
+			t.Fatalf("the key of the deleted %s: %v; want it destroyed", name, err)
+		}
 	}
 	db := restoreOpen(t, ctx, obs, 2)
 	if v, c, err := db.Get(victim); err != nil || string(v) != "{}" {
@@ -175,14 +187,15 @@ func TestCollectFromAListingBeforeASave(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := 0
+	live := after.names("partition-0/")
 	for name := range lister.Keys() {
-		if !tables[name] {
-			t.Errorf("the data key of %s outlived its table", name)
+		if !live[name] {
+			t.Errorf("the data key of %s outlived its object", name)
 		}
 		keys++
 	}
-	if keys != saved.Tables {
-		t.Fatalf("%d data keys for the %d tables kept", keys, saved.Tables)
+	if keys != len(live) || len(live) != saved.Tables+2 {
+		t.Fatalf("%d data keys for the %d objects kept (%d tables, the archive, its list)", keys, len(live), saved.Tables)
 	}
 }
 
@@ -217,4 +230,51 @@ func describe(l Listing) map[string]string {
 		out[o.Name] = d
 	}
 	return out
+}
+
+// TestATailIsShreddedByItsKey: a tail checkpoint holds tenant write-sets
+// in full; it is sealed like every object of the bucket (DECISIONS 94),
+// so no NATS file holds its plaintext, it restores through its key, and
+// deleting it destroys that key (whose bytes are then in no NATS file)
+// instead of overwriting its chunks.
+func TestATailIsShreddedByItsKey(t *testing.T) {
+	ctx, srv, js, obs := startBucket(t)
+	b := obs.(*Bucket)
+	db := openDB(t, "")
+	saveAt(t, obs, db, 5)
+	base := saveAt(t, obs, db, 6)
+	const secret = "SECRET-in-a-tail-4c1d"
+	tail, err := SaveTail(ctx, obs, 1, base, 7, []TailEntry{{Seq: 7, WriteSet: batchRepr(t, secret)}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files, err := diskscan.FilesContaining(srv.Opts.StoreDir, secret); err != nil || len(files) != 0 {
+		t.Fatalf("NATS files hold a tail's write-set in the clear: %v, %v", files, err)
+	}
+	key, err := sealed.Key(ctx, b.keys, tail.Name)
+	if err != nil {
+		t.Fatalf("the tail's data key: %v", err)
+	}
+	dst := filepath.Join(t.TempDir(), "r")
+	if seq, err := Restore(ctx, obs, 1, dst); err != nil || seq != 7 {
+		t.Fatalf("restore = %d, %v; want the tail at 7", seq, err)
+	}
+	restored := openDB(t, dst)
+	if v, c, err := restored.Get([]byte{0x01, 'v'}); err != nil || string(v) != secret {
+		t.Fatalf("the tail's write-set restored as %q, %v", v, err)
+	} else {
+		c.Close()
+	}
+	if err := DeleteCheckpoint(ctx, js, obs, "TELHA_CKPT", tail.Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealed.Key(ctx, b.keys, tail.Name); !errors.Is(err, sealed.ErrKeyDestroyed) {
+		t.Fatalf("the deleted tail's key: %v; want it destroyed", err)
+	}
+	if files, err := diskscan.FilesContaining(srv.Opts.StoreDir, string(key)); err != nil || len(files) != 0 {
+		t.Fatalf("the destroyed key of the tail is still in %v (%v)", files, err)
+	}
+	if seq, err := Restore(ctx, obs, 1, filepath.Join(t.TempDir(), "r2")); err != nil || seq != 6 {
+		t.Fatalf("restore after the tail's delete = %d, %v; want its base at 6", seq, err)
+	}
 }

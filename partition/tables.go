@@ -19,7 +19,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/attempt"
-	"github.com/telha/telha-cascade/internal/sealed"
 )
 
 // Tables as objects (checkpoint format 2, issue 29).
@@ -170,32 +169,21 @@ func uploadTables(ctx context.Context, obs jetstream.ObjectStore, p int, dir str
 	return up, nil
 }
 
-// uploadTable stores the table at path as object obj: sealed with a new
-// data key when obs is a *Bucket, at pace (nil: unpaced).
+// uploadTable stores the table at path as object obj (putObject: sealed
+// with a new data key when obs is a *Bucket), at pace (nil: unpaced).
 func uploadTable(ctx context.Context, obs jetstream.ObjectStore, path, obj string, chunk uint32, pace *pace) (uint64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	meta := jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}
 	var r io.Reader = f
-	if b, ok := obs.(*Bucket); ok {
-		key, err := b.newKey(ctx, obj)
-		if err != nil {
-			return 0, err
-		}
-		if r, err = sealed.NewSealReader(f, key); err != nil {
-			return 0, err
-		}
-		meta.Metadata = map[string]string{sealed.Meta: sealed.V1}
-	}
 	if pace != nil {
 		r = &pacedReader{ctx: ctx, r: r, pace: pace}
 	}
 	uctx, done := uploadContext(ctx)
 	defer done()
-	info, err := obs.Put(uctx, meta, r)
+	info, err := putObject(uctx, obs, jetstream.ObjectMeta{Name: obj, Opts: &jetstream.ObjectMetaOptions{ChunkSize: chunk}}, r)
 	if err != nil {
 		return 0, err
 	}
@@ -338,7 +326,7 @@ func CollectTables(ctx context.Context, js jetstream.JetStream, obs jetstream.Ob
 func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket string, p int, cps []CheckpointInfo, l Listing, stored map[string]bool) (deleted []string, size uint64, err error) {
 	keep := map[string]bool{}
 	for _, cp := range cps {
-		raw, err := obs.GetBytes(ctx, TablesName(p, cp.Seq))
+		raw, err := ReadObject(ctx, obs, TablesName(p, cp.Seq))
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			continue // format 1 (its tables are inside it), or a tail
 		}

@@ -15,7 +15,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/telha/telha-cascade/internal/diskscan"
-	"github.com/telha/telha-cascade/internal/testnats"
 )
 
 // fill writes n keys of about size bytes each under prefix and flushes, so
@@ -182,13 +181,7 @@ func TestFormat1CheckpointStillRestores(t *testing.T) {
 // it (the upgrade: its plain tables are overwritten when collected, and
 // restore beside sealed ones).
 func TestCollectTablesDeletesWhatNoCheckpointHolds(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	srv := testnats.Start(t)
-	js := connectJS(t, srv.ClientURL())
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, srv, js, obs := startBucket(t)
 	src, err := pebble.Open(t.TempDir(), storeOpts())
 	if err != nil {
 		t.Fatal(err)
@@ -269,7 +262,7 @@ func TestRestoreFallsBackWhenATableIsGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := obs.GetBytes(ctx, TablesName(0, newest.Seq))
+	raw, err := ReadObject(ctx, obs, TablesName(0, newest.Seq))
 	if err != nil {
 		t.Fatal(err)
 	}

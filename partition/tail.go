@@ -178,7 +178,7 @@ func SaveTail(ctx context.Context, obs jetstream.ObjectStore, p int, base Checkp
 	raw := encodeTail(base.Seq, end, es)
 	uctx, done := uploadContext(ctx)
 	defer done()
-	info, err := obs.Put(uctx, jetstream.ObjectMeta{
+	info, err := putObject(uctx, obs, jetstream.ObjectMeta{
 		Name:        name,
 		Description: fmt.Sprintf("partition %d at changelog sequence %d: %s and %d write-sets", p, end, base.Name, len(es)),
 		Metadata: map[string]string{

@@ -173,7 +173,11 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, keys func() 
 		return fmt.Errorf("%s is a tail checkpoint (its base %s and the write-sets committed after it, stored by an erase's scrub): "+
 			"not a whole store; copy the next scheduled checkpoint, which is whole (its base lacks the write-sets the tail holds, and the changelog no longer has them)", name, info.Metadata[metaBase])
 	}
-	tr, tw := tar.NewReader(res), tar.NewWriter(f)
+	src, err := openObject(ctx, res, keys) // sealed since DECISIONS 94
+	if err != nil {
+		return err
+	}
+	tr, tw := tar.NewReader(src), tar.NewWriter(f)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -195,7 +199,7 @@ func copyCheckpoint(ctx context.Context, obs jetstream.ObjectStore, keys func() 
 			return err
 		}
 	}
-	if _, err := io.Copy(io.Discard, res); err != nil { // the digest is checked at the end
+	if _, err := io.Copy(io.Discard, src); err != nil { // the digest is checked at the end
 		return fmt.Errorf("read archive: %w", err)
 	}
 	if err := tw.Close(); err != nil {
@@ -228,7 +232,7 @@ func copyTables(ctx context.Context, obs jetstream.ObjectStore, keys func() (jet
 			return fmt.Errorf("table %s: %w", t.Name, err)
 		}
 		var src io.Reader = res
-		if src, err = openTable(ctx, res, keys); err != nil {
+		if src, err = openObject(ctx, res, keys); err != nil {
 			res.Close()
 			return fmt.Errorf("table %s: %w", t.Name, err)
 		}
@@ -250,9 +254,10 @@ func copyTables(ctx context.Context, obs jetstream.ObjectStore, keys func() (jet
 	return nil
 }
 
-// openTable returns the plaintext of the table object res: as stored, or
-// opened with its data key when it is sealed (docs/CONTRACT.md).
-func openTable(ctx context.Context, res jetstream.ObjectResult, keys func() (jetstream.KeyValue, error)) (io.Reader, error) {
+// openObject returns the plaintext of the object res (a table, or a
+// checkpoint's archive): as stored, or opened with its data key when it is
+// sealed (docs/CONTRACT.md).
+func openObject(ctx context.Context, res jetstream.ObjectResult, keys func() (jetstream.KeyValue, error)) (io.Reader, error) {
 	info, err := res.Info()
 	if err != nil {
 		return nil, err
