@@ -2,10 +2,15 @@ package partition
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Three checkpoints taken while the owner appends; Prune keeps the newest
@@ -204,4 +209,76 @@ func TestCheckpointAtTheSameSequenceIsKept(t *testing.T) {
 	if third, err := SaveCheckpoint(ctx, obs, 1, src); err != nil || third.Existed || third.Seq != first.Seq+1 {
 		t.Fatalf("checkpoint after a commit %+v %v", third, err)
 	}
+}
+
+// TestListSinceSeesEveryWriter: a listing brought up to date from the
+// bucket's meta messages after its position equals a new listing,
+// whatever wrote since (puts, a replaced object, deletes, an object put
+// and deleted), with its metadata, sizes and times as a listing gives
+// them; read again from an older position it is the same (each meta
+// message is the object's whole state); with nothing new it reads
+// nothing.
+func TestListSinceSeesEveryWriter(t *testing.T) {
+	ctx, _, js, obs := startBucket(t)
+	plain := obs.(*Bucket).ObjectStore
+	put := func(name, body string) {
+		t.Helper()
+		if _, err := plain.Put(ctx, jetstream.ObjectMeta{Name: name, Metadata: map[string]string{metaFormat: "f-" + body}}, strings.NewReader(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del := func(name string) {
+		t.Helper()
+		if err := plain.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		put("partition-0/"+n, n)
+	}
+	at0, err := BucketStateOf(ctx, js, "TELHA_CKPT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l0, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, pos, err := ListSince(ctx, js, "TELHA_CKPT", l0, at0.LastSeq); err != nil || pos != at0.LastSeq || !maps.Equal(describeAll(l), describeAll(l0)) {
+		t.Fatalf("nothing new: %v at %d (%v); want the listing as it was at %d", describeAll(l), pos, err, at0.LastSeq)
+	}
+	put("partition-0/d", "dd")
+	put("partition-0/a", "a-again")
+	del("partition-0/b")
+	put("partition-1/e", "e")
+	del("partition-1/e")
+	put("partition-1/f", "ffff")
+	want, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at1, err := BucketStateOf(ctx, js, "TELHA_CKPT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, pos1, err := ListSince(ctx, js, "TELHA_CKPT", l0, at0.LastSeq)
+	if err != nil || pos1 != at1.LastSeq {
+		t.Fatalf("ListSince = at %d, %v; want at %d", pos1, err, at1.LastSeq)
+	}
+	if got, want := describeAll(l1), describeAll(want); !maps.Equal(got, want) {
+		t.Fatalf("brought up to date:\n%v\na new listing:\n%v", got, want)
+	}
+	again, _, err := ListSince(ctx, js, "TELHA_CKPT", l1, at0.LastSeq)
+	if err != nil || !maps.Equal(describeAll(again), describeAll(want)) {
+		t.Fatalf("read again from the older position: %v, %v", describeAll(again), err)
+	}
+}
+
+// describeAll is each object of l: its size, metadata and time.
+func describeAll(l Listing) map[string]string {
+	out := map[string]string{}
+	for _, o := range l {
+		out[o.Name] = fmt.Sprint(o.Size, " ", o.Metadata, " ", o.ModTime.UnixNano(), " ", o.Deleted)
+	}
+	return out
 }
