@@ -147,8 +147,9 @@ type Changelog struct {
 	staging  string                 // the data directory: checkpoints stage on its filesystem
 	scrubbed uint64                 // the highest erase marker a finished scrub covered (under run)
 	// inv is the checkpoint bucket as the last scrub or checkpoint left
-	// it, valid while the bucket's stream stands at invAt (under run;
-	// inventory). listings counts the listings inventory made.
+	// it; it reflects every meta message of the bucket's stream through
+	// invAt.LastSeq, and this slot's own writes after (under run;
+	// inventory). listings counts the whole listings inventory made.
 	inv      partition.Listing
 	invAt    partition.BucketState
 	invOK    bool
@@ -732,10 +733,10 @@ func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 		return partition.CheckpointInfo{}, errors.New("changelog: store not open")
 	}
 	t0 := time.Now()
-	// The bucket as the last scrub or checkpoint left it, or listed: the
-	// save, the prune and the collection derive what they need from it
-	// (each listed the bucket before, 0.5-4 s at a gigabyte on three
-	// servers), and it is kept for the next.
+	// The bucket as the last scrub or checkpoint left it, brought up to
+	// date (or listed): the save, the prune and the collection derive
+	// what they need from it (each listed the bucket before, 0.5-4 s at a
+	// gigabyte on three servers), and it is kept for the next.
 	inv, err := c.inventory(ctx)
 	var info partition.CheckpointInfo
 	if err == nil {
@@ -764,7 +765,7 @@ func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 			inv = inv.Without(gone...)
 		}
 		if err == nil {
-			c.keepInventory(ctx, inv)
+			c.keepInventory(inv)
 		}
 	}
 	c.mu.Lock()
@@ -853,10 +854,11 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if db == nil {
 		return errors.New("changelog: store not open")
 	}
-	// One listing of the bucket for the whole scrub, or none: the lock is
-	// held, so nothing else of this slot saves or deletes until it ends,
-	// and a listing reads every block of the bucket's stream that holds a
-	// meta message (seconds at a gigabyte of tables).
+	// One view of the bucket for the whole scrub: the lock is held, so
+	// nothing else of this slot saves or deletes until it ends, and a
+	// listing reads every block of the bucket's stream that holds a meta
+	// message (seconds at a gigabyte of tables), so the view kept from
+	// the last scrub or checkpoint is brought up to date instead.
 	listing, err := c.inventory(ctx)
 	if err != nil {
 		return fmt.Errorf("changelog: an erase's scrub: %w", err)
@@ -963,7 +965,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	for _, cp := range doomed {
 		inv = inv.Without(partition.DeletedNames(cp)...)
 	}
-	c.keepInventory(ctx, inv)
+	c.keepInventory(inv)
 	c.scrubbed = purged - 1
 	c.mu.Lock()
 	c.status.Checkpoints++
@@ -986,11 +988,14 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 }
 
 // inventory returns a listing of the checkpoint bucket as it is now (run
-// held): the one the last scrub or checkpoint of this changelog left when
-// the bucket's stream has had no message since (one stream info: nothing
-// else wrote to the bucket, another slot or another member), else a new
-// listing. Either way the one kept is dropped until the scrub or
-// checkpoint that uses it ends well (keepInventory).
+// held): the one the last scrub or checkpoint of this changelog left,
+// brought up to date from the bucket's meta messages stored since its
+// position (partition.ListSince: this slot's own, and any other writer's:
+// another slot of the bucket, a former owner waking from a pause, an
+// operator), or a new listing when there is none kept, the bucket's
+// stream was made again, or the read failed. Either way the one kept is
+// dropped until the scrub or checkpoint that uses it ends well
+// (keepInventory), and invAt is the position the listing reflects.
 func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
 	inv, ok := c.inv, c.invOK
 	c.inv, c.invOK = nil, false
@@ -998,25 +1003,33 @@ func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ok && now == c.invAt {
-		return inv, nil
+	if ok && now.Created.Equal(c.invAt.Created) {
+		l, pos, err := partition.ListSince(ctx, c.js, c.status.Bucket, inv, c.invAt.LastSeq)
+		if err == nil {
+			c.invAt.LastSeq = pos
+			return l, nil
+		}
+		c.log.Info("changelog: the kept listing of the checkpoint bucket could not be brought up to date; listing it whole", "bucket", c.status.Bucket, "err", err)
 	}
 	c.listings++
-	return partition.List(ctx, c.obs)
+	l, err := partition.List(ctx, c.obs)
+	if err != nil {
+		return nil, err
+	}
+	// Read before the listing: what landed during it is read again next
+	// time (each meta message is its object's whole state).
+	c.invAt = now
+	return l, nil
 }
 
 // keepInventory keeps inv, the bucket as this changelog's last scrub or
-// checkpoint left it, for the next, with where the bucket's stream stands now.
-// Whatever another writer stores after that moves the sequence, and the
-// next one lists again; only a write landing between the last delete and
-// this read would go unseen (a slot's owner is the only writer of its
-// partition's objects; scrubs and checkpoints run under one lock).
-func (c *Changelog) keepInventory(ctx context.Context, inv partition.Listing) {
-	now, err := partition.BucketStateOf(ctx, c.js, c.status.Bucket)
-	if err != nil {
-		return // the next scrub lists
-	}
-	c.inv, c.invAt, c.invOK = inv, now, true
+// checkpoint left it (the listing inventory returned, with this slot's
+// own writes since applied: Listing.With and Without), for the next. Its
+// position stays the one inventory read at: the next reads this slot's
+// writes again, with everyone else's, so no write is missed, however
+// close to this one it landed.
+func (c *Changelog) keepInventory(inv partition.Listing) {
+	c.inv, c.invOK = inv, true
 }
 
 // maxTailBytes bounds what an erase's scrub keeps of the write-sets
