@@ -748,6 +748,9 @@ func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	var collected int
 	if err == nil {
 		inv = inv.With(info)
+		err = c.owned(ctx, "pruning the checkpoints")
+	}
+	if err == nil {
 		var need uint64
 		var pruned []partition.CheckpointInfo
 		need, pruned, err = partition.PruneIn(ctx, inv.Checkpoints(c.part), c.part, c.cfg.CheckpointsKeep, c.deleteCheckpoint)
@@ -757,6 +760,9 @@ func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 		if err == nil {
 			floor = partition.PurgeFloor(need, standbys...)
 			err = c.cl.PurgeBelow(ctx, floor)
+		}
+		if err == nil {
+			err = c.owned(ctx, "collecting the tables")
 		}
 		if err == nil {
 			var gone []string
@@ -886,6 +892,11 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	if err != nil {
 		return err
 	}
+	// A former owner waking from a pause stops here, before it purges or
+	// deletes anything by its stale view (owned).
+	if err := c.owned(ctx, "an erase's purge of the changelog"); err != nil {
+		return err
+	}
 	final, purged := first, uint64(0)
 	var held time.Duration
 	err = onWriter(ctx, func() error {
@@ -943,6 +954,9 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		}
 		seen[cp.Name] = true
 	}
+	if err := c.owned(ctx, "an erase's deletes of the older checkpoints"); err != nil {
+		return err
+	}
 	if err := partition.DeleteEach(ctx, len(doomed), func(ctx context.Context, i int) error {
 		if err := c.deleteCheckpoint(ctx, doomed[i].Name); err != nil {
 			return fmt.Errorf("changelog: delete checkpoint %s after an erase: %w", doomed[i].Name, err)
@@ -955,6 +969,9 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	stored := first.Stored
 	if final.Stored != nil {
 		stored = final.Stored // a last save that was whole uploaded more
+	}
+	if err := c.owned(ctx, "an erase's collection of the tables"); err != nil {
+		return err
 	}
 	gone, collectedBytes, err := partition.CollectTablesIn(ctx, c.js, c.obs, c.status.Bucket, c.part, kept, listing, stored)
 	if err != nil {
@@ -984,6 +1001,21 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		"tables_collected", collected, "bytes_collected", collectedBytes, "tail_write_sets", final.TailWriteSets,
 		"writer_held", held, "took", time.Since(t0),
 		"took_list", tListed, "took_save", tSaved-tListed, "took_to_purge", tPurged-tSaved, "took_collect", time.Since(t0)-tPurged)
+	return nil
+}
+
+// owned fails unless this slot is still its changelog's writer (no other
+// writer has appended since its last append: partition.Changelog.Owned).
+// A scrub or a checkpoint asks it before each step that deletes from the
+// bucket or purges the changelog: a former owner waking from a pause
+// inside one would otherwise delete by its stale view of the bucket, the
+// checkpoints and tables its successor's newer checkpoints name and the
+// data keys of the tables its successor stored since (DECISIONS 96). The
+// answer holds when the stream gave it: the window left is the one step.
+func (c *Changelog) owned(ctx context.Context, before string) error {
+	if err := c.cl.Owned(ctx); err != nil {
+		return fmt.Errorf("changelog: not sure this slot still owns its changelog, so nothing is deleted (before %s): %w", before, err)
+	}
 	return nil
 }
 

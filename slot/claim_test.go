@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -365,5 +366,92 @@ func TestScrubsKeepTheBucketsListing(t *testing.T) {
 	}
 	if got, want := l.Checkpoints(c.part), c.inv.Checkpoints(c.part); len(got) != 1 || len(want) != 1 || got[0].Name != want[0].Name {
 		t.Fatalf("the bucket holds the checkpoints %+v, the kept listing %+v", got, want)
+	}
+}
+
+// TestAFormerOwnerDeletesNothing: a slot whose changelog another writer
+// has appended to since (its successor, while it was paused) neither
+// prunes, collects nor purges when it wakes inside a checkpoint or an
+// erase's scrub: by its stale view of the bucket it would delete what its
+// successor's checkpoints name (DECISIONS 96). Before, both ran to the end.
+func TestAFormerOwnerDeletesNothing(t *testing.T) {
+	ctx, cfg, c, js := openTestChangelog(t)
+	pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pe.Close() })
+	c.db.Store(pe.DB)
+	c.cfg.CheckpointsKeep = 1
+	commit := func(key string) uint64 {
+		t.Helper()
+		ws := writeSet(t, key, strings.Repeat("v", 10<<10))
+		seq, err := c.cl.Append(ctx, ws)
+		if err == nil {
+			err = partition.ApplyTo(pe.DB, seq, ws, true)
+		}
+		if err == nil {
+			err = pe.DB.Flush()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	commit("a")
+	if _, err := c.checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := commit("b")
+	obs, err := js.ObjectStore(ctx, c.status.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := fmt.Sprintf("partition-%d/sst/stray.sst", c.part)
+	if _, err := obs.PutString(ctx, stray, "a table no checkpoint names"); err != nil {
+		t.Fatal(err)
+	}
+	// The successor appends: this slot is a former owner from now on.
+	next, err := partition.Open(ctx, js, cfg.ChangelogConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Append(ctx, writeSet(t, "successor", "v")); err != nil {
+		t.Fatal(err)
+	}
+	logStream, err := js.Stream(ctx, c.status.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstBefore := logStream.CachedInfo().State.FirstSeq
+	before, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil || len(before) != 1 {
+		t.Fatalf("checkpoints before: %+v, %v", before, err)
+	}
+	if _, err := c.checkpoint(ctx); !errors.Is(err, partition.ErrFenced) {
+		t.Fatalf("a former owner's checkpoint: %v, want ErrFenced", err)
+	}
+	held := func(ctx context.Context, f func() error) error { return f() }
+	if err := c.ScrubCopies(ctx, last, held); !errors.Is(err, partition.ErrFenced) {
+		t.Fatalf("a former owner's scrub: %v, want ErrFenced", err)
+	}
+	after, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range before {
+		if !slices.ContainsFunc(after, func(a partition.CheckpointInfo) bool { return a.Name == cp.Name }) {
+			t.Errorf("the former owner deleted checkpoint %s", cp.Name)
+		}
+	}
+	if _, err := obs.GetInfo(ctx, stray); err != nil {
+		t.Errorf("the former owner collected a table: %v", err)
+	}
+	now, err := logStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := now.State.FirstSeq; first != firstBefore {
+		t.Errorf("the former owner purged the changelog below %d (it began at %d)", first, firstBefore)
 	}
 }
