@@ -375,13 +375,7 @@ func TestScrubsKeepTheBucketsListing(t *testing.T) {
 // erase's scrub: by its stale view of the bucket it would delete what its
 // successor's checkpoints name (DECISIONS 96). Before, both ran to the end.
 func TestAFormerOwnerDeletesNothing(t *testing.T) {
-	ctx, cfg, c, js := openTestChangelog(t)
-	pe, err := c.prepare(ctx, filepath.Join(cfg.DataDir, "pebble"), storage.Sizes{CacheBytes: 8 << 20, MemTableBytes: 4 << 20}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pe.Close() })
-	c.db.Store(pe.DB)
+	ctx, c, pe, js := openServingChangelog(t)
 	c.cfg.CheckpointsKeep = 1
 	commit := func(key string) uint64 {
 		t.Helper()
@@ -412,7 +406,7 @@ func TestAFormerOwnerDeletesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The successor appends: this slot is a former owner from now on.
-	next, err := partition.Open(ctx, js, cfg.ChangelogConfig())
+	next, err := partition.Open(ctx, js, c.cfg.ChangelogConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
