@@ -425,3 +425,66 @@ func TestAFormerOwnerDeletesNothing(t *testing.T) {
 		t.Errorf("the former owner purged the changelog below %d (it began at %d)", first, firstBefore)
 	}
 }
+
+// TestALongTailIsSavedBesideTheWriter: when more than resaveTailAbove
+// write-sets commit during an erase's first save, the scrub saves again
+// beside the writer, and the held step stores only what committed after
+// that second save (here nothing): the writer is held for a short tail
+// however long the first save took (DECISIONS 97). The first save is
+// deleted; the store restores whole. Before, the held step stored all of
+// them as a tail of the first save.
+func TestALongTailIsSavedBesideTheWriter(t *testing.T) {
+	ctx, c, pe, _ := openServingChangelog(t)
+	commit := func(key string) uint64 {
+		t.Helper()
+		ws := writeSet(t, key, "v")
+		seq, err := c.cl.Append(ctx, ws)
+		if err == nil {
+			err = partition.ApplyTo(pe.DB, seq, ws, true)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	marker := commit("erased")
+	var firstSave uint64
+	c.scrubStep = func(step string) {
+		if step != "checkpointed" {
+			return
+		}
+		firstSave = c.cl.Last()
+		for i := range resaveTailAbove + 36 {
+			commit(fmt.Sprintf("during-%d", i))
+		}
+	}
+	held := func(ctx context.Context, f func() error) error { return f() }
+	if err := c.ScrubCopies(ctx, marker, held); err != nil {
+		t.Fatal(err)
+	}
+	last := c.cl.Last()
+	st := c.Status().LastScrub
+	if st.TailWriteSets != 0 {
+		t.Fatalf("the held step stored a tail of %d write-sets, want none (saved again beside the writer)", st.TailWriteSets)
+	}
+	cps, err := partition.ListCheckpoints(ctx, c.obs, c.part)
+	if err != nil || len(cps) != 1 || cps[0].Seq != last || cps[0].Base != "" {
+		t.Fatalf("checkpoints after the scrub: %+v (%v), want one whole at %d (the first save, at %d, deleted)", cps, err, last, firstSave)
+	}
+	dst := filepath.Join(t.TempDir(), "restored")
+	if got, err := partition.Restore(ctx, c.obs, c.part, dst); err != nil || got != last {
+		t.Fatalf("restore = %d, %v; want %d", got, err, last)
+	}
+	db, err := pebble.Open(dst, &pebble.Options{Logger: quietPebble{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for i := range resaveTailAbove + 36 {
+		if _, closer, err := db.Get([]byte(fmt.Sprintf("during-%d", i))); err != nil {
+			t.Fatalf("the restored store lacks during-%d: %v", i, err)
+		} else {
+			closer.Close()
+		}
+	}
+}
