@@ -884,29 +884,8 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: the checkpoint after an erase reflects sequence %d, below the erase's marker %d", first.Seq, marker)
 	}
 	c.step("checkpointed")
-	c.cl.Trim(rec, first.Seq) // in the checkpoint: not the tail's
-	// The held step stores as a tail what committed since the save, and
-	// the save took as long as its upload (the bytes the erase's
-	// compaction rewrote, paced): past resaveTailAbove write-sets, save
-	// again beside the writer (incremental: the tables flushed since) and
-	// take the tail from there, so the writer is held for what committed
-	// during this shorter save (DECISIONS 97). The first save is deleted
-	// with the older checkpoints.
-	saves := []partition.CheckpointInfo{first}
-	if c.cl.Last() > first.Seq+resaveTailAbove {
-		opts := c.pacedSaveOptions()
-		opts.Stored = first.Stored
-		again, err := partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts)
-		if err != nil {
-			return fmt.Errorf("changelog: second checkpoint after an erase: %w", err)
-		}
-		if again.Seq > first.Seq && !again.Existed {
-			saves = append(saves, again)
-			first = again
-			c.cl.Trim(rec, first.Seq)
-		}
-	}
 	tSaved := time.Since(t0)
+	c.cl.Trim(rec, first.Seq) // in the checkpoint: not the tail's
 	c.waitStandbys(ctx, first.Seq)
 	before, readBack, err := c.readTail(ctx, first.Seq, rec.From())
 	if err != nil {
@@ -964,7 +943,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 	// The checkpoints now: those listed, the first save and the last.
 	var doomed, kept []partition.CheckpointInfo
 	seen := map[string]bool{} // first and final may be one, or listed
-	for _, cp := range append(append(listing.Checkpoints(c.part), saves...), final) {
+	for _, cp := range append(listing.Checkpoints(c.part), first, final) {
 		switch {
 		case seen[cp.Name]:
 		case cp.Seq >= final.Seq || cp.Name == final.Base:
@@ -998,26 +977,18 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: collect tables after an erase: %w", err)
 	}
 	collected := len(gone)
-	inv := listing
-	for _, cp := range append(saves, final) {
-		inv = inv.With(cp)
-	}
-	inv = inv.Without(gone...)
+	inv := listing.With(first).With(final).Without(gone...)
 	for _, cp := range doomed {
 		inv = inv.Without(partition.DeletedNames(cp)...)
 	}
 	c.keepInventory(ctx, inv)
-	uploaded := ifNew(final, first).BytesUploaded
-	for _, cp := range saves {
-		uploaded += cp.BytesUploaded
-	}
 	c.scrubbed = purged - 1
 	c.mu.Lock()
 	c.status.Checkpoints++
 	c.status.LastCheckpoint, c.status.LastAt, c.status.LastErr, c.status.PurgedBelow = final, time.Now(), "", purged
 	c.status.EraseScrubs++
 	c.status.LastScrub = ScrubStatus{Marker: marker, Took: time.Since(t0), WriterHeld: held,
-		BytesUploaded: uploaded, TablesCollected: collected, BytesCollected: collectedBytes,
+		BytesUploaded: first.BytesUploaded + ifNew(final, first).BytesUploaded, TablesCollected: collected, BytesCollected: collectedBytes,
 		TailWriteSets: final.TailWriteSets}
 	last := c.status.LastScrub
 	c.mu.Unlock()
@@ -1025,7 +996,7 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		c.scrubbedHook(last)
 	}
 	c.log.Info("changelog: an erase reached the changelog and the checkpoints", "checkpoint", final.Name, "seq", final.Seq,
-		"uploaded_bytes", uploaded, "saves", len(saves), "purged_below", purged, "checkpoints_deleted", deleted,
+		"uploaded_bytes", first.BytesUploaded+ifNew(final, first).BytesUploaded, "purged_below", purged, "checkpoints_deleted", deleted,
 		"tables_collected", collected, "bytes_collected", collectedBytes, "tail_write_sets", final.TailWriteSets,
 		"writer_held", held, "took", time.Since(t0),
 		"took_list", tListed, "took_save", tSaved-tListed, "took_to_purge", tPurged-tSaved, "took_collect", time.Since(t0)-tPurged)
@@ -1094,12 +1065,6 @@ func (c *Changelog) keepInventory(ctx context.Context, inv partition.Listing) {
 	}
 	c.inv, c.invAt, c.invOK = inv, now, true
 }
-
-// resaveTailAbove is how many write-sets may commit during an erase's
-// first save before the scrub saves again beside the writer, so that the
-// held step stores a shorter tail (ScrubCopies). At 100/s of other
-// writes, about 0.6 s of save.
-const resaveTailAbove = 64
 
 // maxTailBytes bounds what an erase's scrub keeps of the write-sets
 // appended while it runs (the tail of step 3); past it the last save is
