@@ -508,31 +508,25 @@ func BucketStateOf(ctx context.Context, js jetstream.JetStream, bucket string) (
 // every block that holds a meta message as a listing does) and applies
 // each in order: a put adds or replaces its object, a delete removes it.
 // Whoever wrote them (this caller, another slot of the bucket, a former
-// owner waking from a pause, an operator) is seen. It returns the listing
-// and the sequence it now reflects; the caller checks the stream is the
-// same one (BucketState.Created) before.
-func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Listing, pos uint64) (Listing, uint64, error) {
+// owner waking from a pause, an operator) is seen. The caller checks the
+// stream is the same one (BucketState.Created) before.
+func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Listing, pos uint64) (Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	s, err := bounded(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, "OBJ_"+bucket) })
-	if err != nil {
-		return nil, 0, fmt.Errorf("partition: the stream of bucket %s: %w", bucket, err)
+	fail := func(err error) (Listing, error) {
+		return nil, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
 	}
-	end := s.CachedInfo().State.LastSeq
-	if end <= pos {
-		return l, pos, nil
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$O." + bucket + ".M.>"},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    pos + 1,
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
+		return fail(err)
 	}
 	ci, err := cons.Info(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
+		return fail(err)
 	}
 	at := map[string]int{}
 	out := slices.Clone(l)
@@ -542,15 +536,15 @@ func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Lis
 	for pending := ci.NumPending; pending > 0; {
 		msg, err := cons.Next(jetstream.FetchContext(ctx))
 		if err != nil {
-			return nil, 0, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
+			return fail(err)
 		}
 		md, err := msg.Metadata()
 		if err != nil {
-			return nil, 0, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
+			return fail(err)
 		}
 		var info jetstream.ObjectInfo
 		if err := json.Unmarshal(msg.Data(), &info); err != nil || info.Name == "" {
-			return nil, 0, fmt.Errorf("%w: bucket %s: the meta message at %d does not decode (%v)", ErrCorrupt, bucket, md.Sequence.Stream, err)
+			return nil, fmt.Errorf("%w: bucket %s: the meta message at %d does not decode (%v)", ErrCorrupt, bucket, md.Sequence.Stream, err)
 		}
 		info.ModTime = md.Timestamp
 		switch i, ok := at[info.Name]; {
@@ -564,10 +558,9 @@ func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Lis
 			at[info.Name] = len(out)
 			out = append(out, &info)
 		}
-		end = max(end, md.Sequence.Stream)
 		pending = md.NumPending
 	}
-	return slices.DeleteFunc(out, func(o *jetstream.ObjectInfo) bool { return o == nil }), end, nil
+	return slices.DeleteFunc(out, func(o *jetstream.ObjectInfo) bool { return o == nil }), nil
 }
 
 // DeletedNames returns the object names DeleteCheckpoint(cp) deletes.

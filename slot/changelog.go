@@ -1041,7 +1041,7 @@ func (c *Changelog) inventory(ctx context.Context) (partition.Listing, error) {
 		// Reading the blocks written since costs about what they hold
 		// (0.3-0.5 s after a scrub's 30 MB at R3 1 GB, seconds when
 		// cold): a lone slot's own writes are not read back.
-		l, _, err := partition.ListSince(ctx, c.js, c.status.Bucket, inv, c.invAt.LastSeq)
+		l, err := partition.ListSince(ctx, c.js, c.status.Bucket, inv, c.invAt.LastSeq)
 		if err == nil {
 			return l, nil
 		}
