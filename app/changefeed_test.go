@@ -123,13 +123,25 @@ func TestChangeFeedOfAJournaledCascade(t *testing.T) {
 	}
 	// Puts, tombstones, the other's tombstone and erase: the other's put,
 	// props and all, left the feed before the erase was on it.
-	if want := 1 + 2*n + n + 1 + 1 + 1; len(got) != want {
-		t.Fatalf("%d changes, want %d", len(got), want)
-	}
+	// Unless the feed's round published the other's put only after the
+	// erase had committed: then it is on the feed without its props,
+	// marked erased (CONTRACT, "Change feed", Erasure), and stays.
+	late := 0
 	for _, c := range got {
 		if c.ID == other && c.Op == client.ChangePut {
-			t.Fatalf("the erased node's put is still on the feed: %+v", c)
+			if !c.Erased || (len(c.Props) != 0 && string(c.Props) != "{}") {
+				t.Fatalf("the erased node's put is still on the feed: %+v", c)
+			}
+			late++
+			t.Logf("the other's put was published after its erase: %+v", c)
 		}
+	}
+	if want := 1 + 2*n + n + 1 + 1 + 1 + late; len(got) != want {
+		kinds := map[string]int{}
+		for _, c := range got {
+			kinds[fmt.Sprintf("%s/%s", c.Kind, c.Op)]++
+		}
+		t.Fatalf("%d changes, want %d: %v", len(got), want, kinds)
 	}
 	e := got[len(got)-1]
 	if e.ID != other || e.RequestID != erase || e.Props != nil || e.VersionsErased == nil {
