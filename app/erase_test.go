@@ -170,3 +170,39 @@ func TestHandledRequestsLeaveTheStreamFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoErasesOfANodeRunInTheirOrder: erases of one node sent back to
+// back (most land in one group, one tx) are applied in the order they were
+// sent: the first erases the node's versions and its record says so, the
+// second erases none. Before, erases of one tx ran in the order of their
+// heads' keys (a hash of the request id), and in about half of the pairs
+// the request that really erased was recorded as erasing nothing.
+func TestTwoErasesOfANodeRunInTheirOrder(t *testing.T) {
+	ns := testnats.Start(t)
+	w := startWorker(t, ns, t.TempDir(), Options{})
+	b := newBus(t, ns)
+	const tenant, pairs = "twice", 12
+	type pair struct{ node, first, second string }
+	var ps []pair
+	for i := 0; i < pairs; i++ {
+		n, o := uuid.NewString(), uuid.NewString()
+		mustOK(t, b.wait(b.send(tenant, node(n))))
+		mustOK(t, b.wait(b.send(tenant, node(o))))
+		mustOK(t, b.wait(b.send(tenant, edge(uuid.NewString(), n, o))))
+		ps = append(ps, pair{node: n})
+	}
+	for i := range ps {
+		ps[i].first = b.send(tenant, eraseNode(ps[i].node, "first"))
+		ps[i].second = b.send(tenant, eraseNode(ps[i].node, "second"))
+	}
+	for _, p := range ps {
+		r1, r2 := mustOK(t, b.wait(p.first)), mustOK(t, b.wait(p.second))
+		if r1.VersionsErased == nil || *r1.VersionsErased == 0 || r2.VersionsErased == nil || *r2.VersionsErased != 0 {
+			t.Fatalf("node %s: the first erase %+v, the second %+v: want the first to erase its versions, the second none", p.node, r1, r2)
+		}
+		var rec api.Erasure
+		if code := w.get("/v1/tenants/"+tenant+"/erasures/"+p.first, &rec); code != http.StatusOK || rec.VersionsErased != *r1.VersionsErased {
+			t.Fatalf("the first erase's record: %d %+v", code, rec)
+		}
+	}
+}

@@ -225,6 +225,19 @@ func (e *EraseEntry) Removed() <-chan struct{} { return e.removed }
 type Erases struct {
 	mu sync.Mutex
 	m  map[string]*EraseEntry // tenant \x00 request id
+	// last is the newest CreatedAt given to a head (stamp), so heads
+	// begun one after the other carry increasing stamps even within one
+	// microsecond of the wall clock or across a step back of it.
+	last Ts
+}
+
+// stamp returns the CreatedAt of a head begun now: now, or just after
+// the last head's when that is not older.
+func (r *Erases) stamp(now Ts) Ts {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last = max(now, r.last+1)
+	return r.last
 }
 
 func eraseIndex(sc Scope, requestID string) string { return sc.Tenant() + "\x00" + requestID }
@@ -237,7 +250,10 @@ func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
 }
 
 // List returns every erase in flight whose head is durable, oldest commit
-// first. One registered by a transaction still running on the writer is
+// first: by tx, then, for the erases of one group (one tx), in the order
+// they were begun (their CreatedAt), which is the order of their requests
+// (two erases of one entity in a group: the first erases its versions,
+// the second finds none left). One registered by a transaction still running on the writer is
 // not listed (it may yet roll back); ByRequest sees it, for the decisions
 // of the requests after it in the same group.
 func (r *Erases) List() []*EraseEntry {
@@ -251,6 +267,9 @@ func (r *Erases) List() []*EraseEntry {
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b *EraseEntry) int {
 		if c := cmp.Compare(a.Job.Tx, b.Job.Tx); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Job.CreatedAt, b.Job.CreatedAt); c != 0 {
 			return c
 		}
 		return slices.Compare(a.HeadKey, b.HeadKey)
@@ -289,6 +308,7 @@ func (s *Store) loadErases() error {
 			e := &EraseEntry{Scope: sc, HeadKey: append([]byte(nil), k...), Job: j, removed: make(chan struct{})}
 			e.committed.Store(true)
 			s.erases.add(e)
+			s.erases.last = max(s.erases.last, j.CreatedAt)
 			return nil
 		})
 		if err != nil {
@@ -313,7 +333,7 @@ func (s *Store) EraseHead(r pebble.Reader, e *EraseEntry) (EraseJob, bool, error
 func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
 	t.touch(sc)
 	t.written = max(t.written, j.Tx)
-	j.CreatedAt = TsFromTime(t.s.clock.Wall().Now())
+	j.CreatedAt = t.s.erases.stamp(TsFromTime(t.s.clock.Wall().Now()))
 	key := EraseJobKey(sc, j.Tx, j.Prov.RequestID)
 	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
 	e := &EraseEntry{Scope: sc, HeadKey: key, Job: j, removed: make(chan struct{})}
