@@ -5,13 +5,17 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/telha/telha-cascade/api"
+	"github.com/telha/telha-cascade/cascade"
 	"github.com/telha/telha-cascade/internal/diskscan"
 	"github.com/telha/telha-cascade/internal/testnats"
 	"github.com/telha/telha-cascade/queue"
+	"github.com/telha/telha-cascade/storage"
 )
 
 func withMarker(body map[string]any, marker string) map[string]any {
@@ -204,5 +208,71 @@ func TestTwoErasesOfANodeRunInTheirOrder(t *testing.T) {
 		if code := w.get("/v1/tenants/"+tenant+"/erasures/"+p.first, &rec); code != http.StatusOK || rec.VersionsErased != *r1.VersionsErased {
 			t.Fatalf("the first erase's record: %d %+v", code, rec)
 		}
+	}
+}
+
+// TestEraseEdgeRevealsNoHalfCascade: while a journal runs, erase_edge of
+// any edge the journal tombstones is refused with cascade_in_flight,
+// whether the journal has reached it yet or not (as tombstone_edge is); an
+// edge tombstoned before the journal began is erased. Before, an edge the
+// journal had already tombstoned was erased (ok) and one it had not reached
+// refused: the answers showed how far the cascade had got.
+func TestEraseEdgeRevealsNoHalfCascade(t *testing.T) {
+	ns := testnats.Start(t)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	opts := Options{CascadeHooks: cascade.Hooks{JournalStep: func(_ *storage.JournalEntry, n int) {
+		if n == 2 { // the first chunk durable, the others not begun
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		}
+	}}}
+	startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "64", "--journal-chunk-ops", "32")
+	rel := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(rel) // before the worker stops (cleanups run last first)
+	b := newBus(t, ns)
+	const tenant, n = "halfway", 150
+	hub := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, node(hub))))
+	var edges, reqs []string
+	for i := 0; i < n; i++ {
+		x, e := uuid.NewString(), uuid.NewString()
+		edges = append(edges, e)
+		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(e, x, hub)))
+	}
+	for _, id := range reqs {
+		mustOK(t, b.wait(id))
+	}
+	early := edges[0] // tombstoned before the journal: no part of it
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "tombstone_edge", "id": early})))
+	tomb := b.send(tenant, tombNode(hub))
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the journal never reached its second chunk")
+	}
+	var erases []string
+	for _, e := range edges {
+		erases = append(erases, b.send(tenant, eraseEdge(e, "halfway")))
+	}
+	for i, id := range erases[1:] {
+		if r := b.wait(id); r.Status != queue.StatusCascadeInFlight {
+			t.Fatalf("erase_edge %d of %d while the journal is held after its first chunk: %+v, want cascade_in_flight", i+1, n, r)
+		}
+	}
+	rel()
+	// The early edge's erase was taken, and is answered once the journal
+	// that touches its endpoint has finished.
+	if r := b.wait(erases[0]); r.Status != queue.StatusOK || r.VersionsErased == nil {
+		t.Fatalf("erase_edge of an edge tombstoned before the journal: %+v, want ok", r)
+	}
+	if r := mustOK(t, b.wait(tomb)); !r.Journaled || r.EdgesTombstoned != n-1 {
+		t.Fatalf("the hub's tombstone: %+v, want journaled with %d edges", r, n-1)
+	}
+	// After the journal, the same erases are taken.
+	if r := mustOK(t, b.wait(b.send(tenant, eraseEdge(edges[n-1], "after")))); r.VersionsErased == nil || *r.VersionsErased != 2 {
+		t.Fatalf("erase_edge after the journal: %+v", r)
 	}
 }
