@@ -225,19 +225,25 @@ func (e *EraseEntry) Removed() <-chan struct{} { return e.removed }
 type Erases struct {
 	mu sync.Mutex
 	m  map[string]*EraseEntry // tenant \x00 request id
-	// last is the newest CreatedAt given to a head (stamp), so heads
-	// begun one after the other carry increasing stamps even within one
-	// microsecond of the wall clock or across a step back of it.
-	last Ts
+	// lastTx and last are the tx and CreatedAt of the last head begun
+	// (stamp), so the heads of one group (one tx) carry increasing stamps
+	// even within one microsecond of the wall clock.
+	lastTx, last Ts
 }
 
-// stamp returns the CreatedAt of a head begun now: now, or just after
-// the last head's when that is not older.
-func (r *Erases) stamp(now Ts) Ts {
+// stamp returns the CreatedAt of a head of tx begun now: now, or just
+// after the last head's when that was of the same tx and not older. A
+// head of another tx takes the wall clock as it is (so a run that
+// crashed and resumed stores the same stamps as one that did not, under
+// the same clock).
+func (r *Erases) stamp(tx, now Ts) Ts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.last = max(now, r.last+1)
-	return r.last
+	if tx == r.lastTx {
+		now = max(now, r.last+1)
+	}
+	r.lastTx, r.last = tx, now
+	return now
 }
 
 func eraseIndex(sc Scope, requestID string) string { return sc.Tenant() + "\x00" + requestID }
@@ -251,7 +257,7 @@ func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
 
 // List returns every erase in flight whose head is durable, oldest commit
 // first: by tx, then, for the erases of one group (one tx), in the order
-// they were begun (their CreatedAt), which is the order of their requests
+// they were begun (their CreatedAt, stamp), which is the order of their requests
 // (two erases of one entity in a group: the first erases its versions,
 // the second finds none left). One registered by a transaction still running on the writer is
 // not listed (it may yet roll back); ByRequest sees it, for the decisions
@@ -308,7 +314,6 @@ func (s *Store) loadErases() error {
 			e := &EraseEntry{Scope: sc, HeadKey: append([]byte(nil), k...), Job: j, removed: make(chan struct{})}
 			e.committed.Store(true)
 			s.erases.add(e)
-			s.erases.last = max(s.erases.last, j.CreatedAt)
 			return nil
 		})
 		if err != nil {
@@ -333,7 +338,7 @@ func (s *Store) EraseHead(r pebble.Reader, e *EraseEntry) (EraseJob, bool, error
 func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
 	t.touch(sc)
 	t.written = max(t.written, j.Tx)
-	j.CreatedAt = t.s.erases.stamp(TsFromTime(t.s.clock.Wall().Now()))
+	j.CreatedAt = t.s.erases.stamp(j.Tx, TsFromTime(t.s.clock.Wall().Now()))
 	key := EraseJobKey(sc, j.Tx, j.Prov.RequestID)
 	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
 	e := &EraseEntry{Scope: sc, HeadKey: key, Job: j, removed: make(chan struct{})}
