@@ -430,7 +430,9 @@ func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
 		return bad("%v", err)
 	}
 	if r.ValidFrom != storage.NoTs && r.ValidTo != storage.NoTs && r.ValidFrom >= r.ValidTo {
-		return bad("valid_from must be before valid_to")
+		// Times are kept to the microsecond: two that differ below it are
+		// the same time, and the message says what they became.
+		return bad("valid_from must be before valid_to (to the microsecond, as stored: %s and %s)", r.ValidFrom, r.ValidTo)
 	}
 	if isPut && len(w.Props) > 0 && string(w.Props) != "null" {
 		p, err := checkProps(w.Props)
