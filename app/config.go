@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -112,13 +113,32 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 	if len(errs) == 0 {
 		// A variable that does not parse leaves its flag's default, which
 		// validate would then misreport: stop at the variable.
-		errs = append(errs, c.validate()...)
+		for _, err := range c.validate() {
+			errs = append(errs, fromEnvNamed(err, fromEnv))
+		}
 	}
 	if len(errs) > 0 {
 		fs.Usage()
 		return c, fmt.Errorf("%w: %w", ErrUsage, errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// fromEnvNamed adds to a validation error the variables it came from:
+// validate names flags, and an operator who set TELHA_MAX_BATCH_OPS
+// would otherwise look for a --max-batch-ops nobody passed.
+func fromEnvNamed(err error, fromEnv map[string]bool) error {
+	var vars []string
+	for name := range fromEnv {
+		if msg := err.Error(); strings.Contains(msg, "--"+name+" ") || strings.HasSuffix(msg, "--"+name) || strings.Contains(msg, "--"+name+",") {
+			vars = append(vars, EnvName(name))
+		}
+	}
+	if len(vars) == 0 {
+		return err
+	}
+	slices.Sort(vars)
+	return fmt.Errorf("%w (set by %s)", err, strings.Join(vars, ", "))
 }
 
 // natsMode refuses an external NATS URL together with an explicit

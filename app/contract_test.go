@@ -138,6 +138,17 @@ func TestE2EPartitionsAndConfigAnswers(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `TELHA_PARTITIONS="abc" does not parse as --partitions`) || strings.Count(err.Error(), "\n") > 0 {
 		t.Fatalf("a TELHA_ variable that does not parse: %v", err)
 	}
+	// A value that parses but is refused names the variable it came from.
+	_, err = ParseFlags([]string{"--partitions", "2000"}, func(k string) string {
+		if k == "TELHA_MAX_BATCH_OPS" {
+			return "-3"
+		}
+		return ""
+	}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--max-batch-ops must be positive, got -3 (set by TELHA_MAX_BATCH_OPS)") ||
+		!strings.Contains(err.Error(), "--partitions must be between 1 and 1024, got 2000") || strings.Contains(err.Error(), "TELHA_PARTITIONS") {
+		t.Fatalf("a TELHA_ variable refused: %v", err)
+	}
 	if got := UnknownEnv([]string{"TELHA_MAX_BATCH_OPS=5", "TELHA_MAX_BATCH_OP=5", "PATH=/bin", "TELHA_TEST_LOG=1"}); len(got) != 1 || got[0] != "TELHA_MAX_BATCH_OP" {
 		t.Fatalf("unknown TELHA_ variables: %v", got)
 	}
