@@ -334,6 +334,12 @@ func TestDecodeRequestRejectCarriesWhatItRead(t *testing.T) {
 	if rej == nil || rej.RequestID != "" {
 		t.Fatalf("reject with an over-long request id: %+v", rej)
 	}
+	// Not valid UTF-8: the decoder would read "h-\uFFFD", which is not the
+	// id sent; the answer falls back to the message id.
+	_, rej = DecodeRequest([]byte(`{"op":"put_node","request_id":"h-`+"\xff"+`","tenant":"acme","id":"`+tID+`"}`), "acme")
+	if rej == nil || rej.Reason != ReasonDecode || rej.RequestID != "" {
+		t.Fatalf("reject with a request id that is not UTF-8: %+v", rej)
+	}
 	_, rej = DecodeRequest([]byte(body("put_node", "tenant", "other")), "acme")
 	if rej == nil || rej.Reason != ReasonTenantMismatch || rej.RequestID != "req-1" {
 		t.Fatalf("tenant mismatch: %+v", rej)
