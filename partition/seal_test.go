@@ -122,18 +122,8 @@ func TestSealedTablesAreShreddedByTheirKeys(t *testing.T) {
 // stored would not restore; the tables only the older checkpoint held go,
 // keys and all.
 func TestCollectFromAListingBeforeASave(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
-	js := startJS(t)
-	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := obs.(*Bucket)
-	src, err := pebble.Open(t.TempDir(), storeOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	ctx, js, b, src := openSealed(t)
+	obs := jetstream.ObjectStore(b)
 	opts := SaveOptions{ChunkSize: ChunkSizeFor(js.Conn().MaxPayload())}
 	for i := range 3 {
 		fill(t, src, "keep"+string(rune('a'+i)), 100, 800)
@@ -277,4 +267,82 @@ func TestATailIsShreddedByItsKey(t *testing.T) {
 	if seq, err := Restore(ctx, obs, 1, filepath.Join(t.TempDir(), "r2")); err != nil || seq != 6 {
 		t.Fatalf("restore after the tail's delete = %d, %v; want its base at 6", seq, err)
 	}
+}
+
+// TestCollectDestroysTheKeysOfCutShortUploads: a process killed inside a
+// save leaves the data key of the object it was uploading (stored first)
+// and the sealed chunks it sent. The collection destroys the partition's
+// keys whose objects are not in the bucket, archives, table lists and
+// tails as well as tables, so those chunks can be read by no one; the
+// kept checkpoint's keys stay (it restores), and another partition's keys
+// are not touched.
+func TestCollectDestroysTheKeysOfCutShortUploads(t *testing.T) {
+	ctx, js, b, src := openSealed(t)
+	obs := jetstream.ObjectStore(b)
+	fill(t, src, "keep", 100, 800)
+	applied(t, src, 1)
+	listing, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, err := SaveCheckpointWith(ctx, obs, 0, src, SaveOptions{ChunkSize: ChunkSizeFor(js.Conn().MaxPayload())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutShort := []string{CheckpointName(0, 77), TablesName(0, 77), CheckpointName(0, 78), "partition-0/sst/000099.sst"}
+	other := CheckpointName(1, 5)
+	for _, name := range append(cutShort, other) {
+		if _, err := b.newKey(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The listing predates the save, as a scrub's does: the save's own
+	// objects are live by cps and stored.
+	if _, _, err := CollectTablesIn(ctx, js, obs, "TELHA_CKPT", 0, []CheckpointInfo{saved}, listing, saved.Stored); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	lister, err := b.keys.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range lister.Keys() {
+		keys[name] = true
+	}
+	for _, name := range cutShort {
+		if keys[name] {
+			t.Errorf("the data key of %s, an upload cut short, outlived the collection", name)
+		}
+	}
+	if !keys[other] {
+		t.Errorf("the data key of %s, another partition's, was destroyed", other)
+	}
+	after, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range after.names("partition-0/") {
+		if !keys[name] {
+			t.Errorf("the data key of %s, a kept object, was destroyed", name)
+		}
+	}
+	assertSameStore(t, src, restoreOpen(t, ctx, obs, 1))
+}
+
+// openSealed starts a JetStream server with a checkpoint bucket (sealed)
+// and opens an empty Pebble store to save from (closed at the test's end).
+func openSealed(t *testing.T) (context.Context, jetstream.JetStream, *Bucket, *pebble.DB) {
+	t.Helper()
+	ctx := testCtx(t, time.Minute)
+	js := startJS(t)
+	obs, err := OpenCheckpoints(ctx, js, CheckpointConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := pebble.Open(t.TempDir(), storeOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	return ctx, js, obs.(*Bucket), src
 }

@@ -364,14 +364,20 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 		size += o.Size
 	}
 	if b, ok := obs.(*Bucket); ok {
-		// A key whose table is not in the bucket: an upload cut short after
-		// its key was stored (or a delete after its key's destruction).
+		// A key of the partition whose object is not in the bucket: an
+		// upload cut short after its key was stored (a table, or an archive,
+		// table list or tail whose sealed chunks a killed process left in
+		// the stream: with the key gone, no one can read them), or a delete
+		// cut short after its key's destruction.
 		live := maps.Clone(stored)
 		if live == nil {
 			live = map[string]bool{}
 		}
 		for _, o := range l {
 			live[o.Name] = live[o.Name] || !o.Deleted
+		}
+		for _, cp := range cps { // stored now, though l may predate them
+			live[cp.Name], live[TablesName(p, cp.Seq)] = true, true
 		}
 		names, err := attempt.Bounded(ctx, listPolicy, func(ctx context.Context) ([]string, error) {
 			l, err := b.keys.ListKeys(ctx)
@@ -389,7 +395,7 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 			return deleted, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
 		}
 		for _, name := range names {
-			if strings.HasPrefix(name, prefix+"sst/") && !live[name] {
+			if strings.HasPrefix(name, prefix) && !live[name] {
 				if err := destroyKey(ctx, js, b.keys, bucket, name); err != nil {
 					return deleted, size, err
 				}
