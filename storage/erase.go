@@ -225,24 +225,22 @@ func (e *EraseEntry) Removed() <-chan struct{} { return e.removed }
 type Erases struct {
 	mu sync.Mutex
 	m  map[string]*EraseEntry // tenant \x00 request id
-	// lastTx and last are the tx and CreatedAt of the last head begun
-	// (stamp), so the heads of one group (one tx) carry increasing stamps
-	// even within one microsecond of the wall clock.
-	lastTx, last Ts
 }
 
-// stamp returns the CreatedAt of a head of tx begun now: now, or just
-// after the last head's when that was of the same tx and not older. A
-// head of another tx takes the wall clock as it is (so a run that
-// crashed and resumed stores the same stamps as one that did not, under
-// the same clock).
-func (r *Erases) stamp(tx, now Ts) Ts {
+// stamp returns the CreatedAt of a head begun now: now, or just after the
+// newest head registered (in flight, or begun by the transaction running)
+// when that is not older. So heads list in the order they were begun,
+// their requests' order, even within one microsecond of the wall clock,
+// across a step back of it, or after a failover to a member whose clock
+// is behind. It depends on the heads in flight only, never on what the
+// process did before, so a run that crashed and resumed stamps as one
+// that did not.
+func (r *Erases) stamp(now Ts) Ts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if tx == r.lastTx {
-		now = max(now, r.last+1)
+	for _, e := range r.m {
+		now = max(now, e.Job.CreatedAt+1)
 	}
-	r.lastTx, r.last = tx, now
 	return now
 }
 
@@ -255,11 +253,12 @@ func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
 	return r.m[eraseIndex(sc, requestID)]
 }
 
-// List returns every erase in flight whose head is durable, oldest commit
-// first: by tx, then, for the erases of one group (one tx), in the order
-// they were begun (their CreatedAt, stamp), which is the order of their requests
-// (two erases of one entity in a group: the first erases its versions,
-// the second finds none left). One registered by a transaction still running on the writer is
+// List returns every erase in flight whose head is durable, oldest first:
+// in the order they were begun (their CreatedAt, stamp), which is the
+// order of their requests, whatever their txs (an erase's tx is its
+// entity's tombstone's, an older one for an entity already dead). So of
+// two erases of one entity, or of a node and then one of its edges, the
+// first erases the versions and the second finds none left. One registered by a transaction still running on the writer is
 // not listed (it may yet roll back); ByRequest sees it, for the decisions
 // of the requests after it in the same group.
 func (r *Erases) List() []*EraseEntry {
@@ -272,10 +271,10 @@ func (r *Erases) List() []*EraseEntry {
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b *EraseEntry) int {
-		if c := cmp.Compare(a.Job.Tx, b.Job.Tx); c != 0 {
+		if c := cmp.Compare(a.Job.CreatedAt, b.Job.CreatedAt); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(a.Job.CreatedAt, b.Job.CreatedAt); c != 0 {
+		if c := cmp.Compare(a.Job.Tx, b.Job.Tx); c != 0 {
 			return c
 		}
 		return slices.Compare(a.HeadKey, b.HeadKey)
@@ -338,7 +337,7 @@ func (s *Store) EraseHead(r pebble.Reader, e *EraseEntry) (EraseJob, bool, error
 func (t *Txn) BeginErase(sc Scope, j EraseJob) *EraseEntry {
 	t.touch(sc)
 	t.written = max(t.written, j.Tx)
-	j.CreatedAt = t.s.erases.stamp(j.Tx, TsFromTime(t.s.clock.Wall().Now()))
+	j.CreatedAt = t.s.erases.stamp(TsFromTime(t.s.clock.Wall().Now()))
 	key := EraseJobKey(sc, j.Tx, j.Prov.RequestID)
 	_ = t.b.Set(key, EncodeEraseJob(&j), nil)
 	e := &EraseEntry{Scope: sc, HeadKey: key, Job: j, removed: make(chan struct{})}
