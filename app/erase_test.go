@@ -212,9 +212,10 @@ func TestTwoErasesOfANodeRunInTheirOrder(t *testing.T) {
 }
 
 // TestEraseEdgeRevealsNoHalfCascade: while a journal runs, erase_edge of
-// any edge the journal tombstones is refused with cascade_in_flight,
-// whether the journal has reached it yet or not (as tombstone_edge is); an
-// edge tombstoned before the journal began is erased. Before, an edge the
+// any edge the journal tombstones (or narrows: one dead only from after
+// the journal's valid end) is refused with cascade_in_flight, whether the
+// journal has reached it yet or not (as tombstone_edge is); an edge
+// tombstoned before the journal began is erased. Before, an edge the
 // journal had already tombstoned was erased (ok) and one it had not reached
 // refused: the answers showed how far the cascade had got.
 func TestEraseEdgeRevealsNoHalfCascade(t *testing.T) {
@@ -247,6 +248,10 @@ func TestEraseEdgeRevealsNoHalfCascade(t *testing.T) {
 	}
 	early := edges[0] // tombstoned before the journal: no part of it
 	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "tombstone_edge", "id": early})))
+	// Tombstoned from an hour ahead: the journal narrows it to its own
+	// valid end, so it is part of the cascade like a live edge.
+	ahead := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+	mustOK(t, b.wait(b.send(tenant, map[string]any{"op": "tombstone_edge", "id": edges[1], "valid_end": ahead})))
 	tomb := b.send(tenant, tombNode(hub))
 	select {
 	case <-held:

@@ -93,12 +93,13 @@ func (o *Ops) beginErase(t *storage.Txn, r *Request, b budget, fp storage.Finger
 		if !ok {
 			return nil, 0, fmt.Errorf("%w: edge %s", ErrNotFound, r.ID)
 		}
-		// An edge a journal in flight tombstones (still live, or tombstoned
-		// at the journal's tx already) is refused alike, as tombstone_edge
+		// An edge a journal in flight writes (still live, dead only from
+		// after the journal's valid end, which it narrows, or already
+		// written at the journal's tx) is refused alike, as tombstone_edge
 		// refuses it: an answer never reveals how far the cascade has got.
-		// One tombstoned before the journal is no part of it, and is erased.
+		// One the journal leaves as it is is no part of it, and is erased.
 		for _, n := range []uuid.UUID{latest.Src, latest.Dst} {
-			if f := t.Fenced(sc, n); f != nil && (!latest.Tombstone || latest.Tx.Start >= f.J.Tx) {
+			if f := t.Fenced(sc, n); f != nil && (!latest.Tombstone || latest.Valid.Start > f.J.ValidEnd || latest.Tx.Start >= f.J.Tx) {
 				return nil, 0, fmt.Errorf("%w: endpoint node %s of edge %s is being tombstoned (journal tx %s)", ErrCascadeInFlight, n, r.ID, f.J.Tx)
 			}
 		}
