@@ -129,8 +129,9 @@ func ParseFlags(args []string, getenv func(string) string, usageOut io.Writer) (
 // would otherwise look for a --max-batch-ops nobody passed.
 func fromEnvNamed(err error, fromEnv map[string]bool) error {
 	var vars []string
+	msg := err.Error()
 	for name := range fromEnv {
-		if msg := err.Error(); strings.Contains(msg, "--"+name+" ") || strings.HasSuffix(msg, "--"+name) || strings.Contains(msg, "--"+name+",") {
+		if namesFlag(msg, name) {
 			vars = append(vars, EnvName(name))
 		}
 	}
@@ -139,6 +140,24 @@ func fromEnvNamed(err error, fromEnv map[string]bool) error {
 	}
 	slices.Sort(vars)
 	return fmt.Errorf("%w (set by %s)", err, strings.Join(vars, ", "))
+}
+
+// namesFlag reports whether msg names --name itself (followed by
+// anything but another letter, digit or dash of a longer flag's name).
+func namesFlag(msg, name string) bool {
+	flag := "--" + name
+	for i := strings.Index(msg, flag); i >= 0; {
+		end := i + len(flag)
+		if end == len(msg) || !strings.ContainsRune("abcdefghijklmnopqrstuvwxyz0123456789-", rune(msg[end])) {
+			return true
+		}
+		j := strings.Index(msg[end:], flag)
+		if j < 0 {
+			return false
+		}
+		i = end + j
+	}
+	return false
 }
 
 // natsMode refuses an external NATS URL together with an explicit

@@ -149,6 +149,21 @@ func TestE2EPartitionsAndConfigAnswers(t *testing.T) {
 		!strings.Contains(err.Error(), "--partitions must be between 1 and 1024, got 2000") || strings.Contains(err.Error(), "TELHA_PARTITIONS") {
 		t.Fatalf("a TELHA_ variable refused: %v", err)
 	}
+	for _, c := range []struct {
+		msg, name string
+		want      bool
+	}{
+		{"--partition-owner: bad", "partition-owner", true},
+		{"--max-batch-ops must be positive", "max-batch-ops", true},
+		{"a, --dlq-max-per-tenant and b", "dlq-max-per-tenant", true},
+		{"ends in --partitions", "partitions", true},
+		{"--change-feed-max-age must be", "change-feed", false},
+		{"--change-feed-max-age must be, --change-feed: x", "change-feed", true},
+	} {
+		if got := namesFlag(c.msg, c.name); got != c.want {
+			t.Errorf("namesFlag(%q, %q) = %v, want %v", c.msg, c.name, got, c.want)
+		}
+	}
 	if got := UnknownEnv([]string{"TELHA_MAX_BATCH_OPS=5", "TELHA_MAX_BATCH_OP=5", "PATH=/bin", "TELHA_TEST_LOG=1"}); len(got) != 1 || got[0] != "TELHA_MAX_BATCH_OP" {
 		t.Fatalf("unknown TELHA_ variables: %v", got)
 	}
