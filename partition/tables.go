@@ -376,8 +376,10 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 		for _, o := range l {
 			live[o.Name] = live[o.Name] || !o.Deleted
 		}
+		var newest uint64
 		for _, cp := range cps { // stored now, though l may predate them
 			live[cp.Name], live[TablesName(p, cp.Seq)] = true, true
+			newest = max(newest, cp.Seq)
 		}
 		names, err := attempt.Bounded(ctx, listPolicy, func(ctx context.Context) ([]string, error) {
 			l, err := b.keys.ListKeys(ctx)
@@ -395,7 +397,7 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 			return deleted, size, fmt.Errorf("partition %d: list data keys: %w", p, err)
 		}
 		for _, name := range names {
-			if strings.HasPrefix(name, prefix) && !live[name] {
+			if strings.HasPrefix(name, prefix) && !live[name] && !newerThan(name, newest) {
 				if err := destroyKey(ctx, js, b.keys, bucket, name); err != nil {
 					return deleted, size, err
 				}
@@ -403,6 +405,19 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 		}
 	}
 	return deleted, size, nil
+}
+
+// newerThan reports whether name is a checkpoint's archive, tail or table
+// list at a sequence above seq. The sweep leaves their keys: a writer's
+// own cut-short uploads are never above its newest checkpoint (the
+// changelog only moves on), while a successor's new ones, which a former
+// owner woken after its ownership check would not see, are.
+func newerThan(name string, seq uint64) bool {
+	if s, ok := strings.CutSuffix(name, ".tables"); ok {
+		name = s + ".tar"
+	}
+	_, n, ok := parseCheckpointName(name)
+	return ok && n > seq
 }
 
 // deleteConcurrency is how many objects CollectTablesIn deletes at once.
