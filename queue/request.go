@@ -316,7 +316,9 @@ func validRequestID(s string) bool {
 		return false
 	}
 	for _, c := range s {
-		if unicode.IsControl(c) {
+		// U+FFFD is what a lone surrogate escape ("\ud800") decodes to:
+		// two different ids sent that way would share one receipt.
+		if unicode.IsControl(c) || c == utf8.RuneError {
 			return false
 		}
 	}
@@ -350,7 +352,7 @@ func validate(w *WireRequest, subjectTenant string) (cascade.Request, *Reject) {
 		return bad("request_id is required")
 	}
 	if !validRequestID(*w.RequestID) {
-		return bad("request_id must be 1 to %d characters without control characters", MaxRequestIDRunes)
+		return bad("request_id must be 1 to %d characters without control characters or U+FFFD (a lone surrogate escape decodes to it)", MaxRequestIDRunes)
 	}
 	r.RequestID = *w.RequestID
 	if w.Op == nil {

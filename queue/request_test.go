@@ -340,6 +340,14 @@ func TestDecodeRequestRejectCarriesWhatItRead(t *testing.T) {
 	if rej == nil || rej.Reason != ReasonDecode || rej.RequestID != "" {
 		t.Fatalf("reject with a request id that is not UTF-8: %+v", rej)
 	}
+	// A lone surrogate escape decodes to U+FFFD: "x\ud800" and "x\udc00"
+	// would be one id, so neither is taken.
+	for _, id := range []string{`x\ud800`, `x\udc00`, "x\uFFFD"} {
+		_, rej = DecodeRequest([]byte(`{"op":"put_node","request_id":"`+id+`","tenant":"acme","id":"`+tID+`"}`), "acme")
+		if rej == nil || rej.Reason != ReasonInvalid || rej.RequestID != "" || !strings.Contains(rej.Err, "request_id") {
+			t.Fatalf("request id %s: %+v, want invalid", id, rej)
+		}
+	}
 	_, rej = DecodeRequest([]byte(body("put_node", "tenant", "other")), "acme")
 	if rej == nil || rej.Reason != ReasonTenantMismatch || rej.RequestID != "req-1" {
 		t.Fatalf("tenant mismatch: %+v", rej)
