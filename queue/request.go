@@ -291,12 +291,9 @@ func peekRequest(data []byte) (requestID, op, id string) {
 		return ""
 	}
 	requestID = s(head.RequestID)
-	if !utf8.ValidString(requestID) || (!utf8.Valid(data) && strings.ContainsRune(requestID, utf8.RuneError)) {
-		// Not what was sent: the decoder put U+FFFD in place of invalid
-		// bytes, and an answer under that id would reach no one. The
-		// answer falls back to the message id.
-		requestID = ""
-	}
+	// validRequestID refuses U+FFFD, which is also what the decoder puts in
+	// place of invalid bytes: an answer under that id would reach no one,
+	// so it falls back to the message id.
 	if !validRequestID(requestID) {
 		requestID = ""
 	}

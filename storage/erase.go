@@ -258,9 +258,10 @@ func (r *Erases) ByRequest(sc Scope, requestID string) *EraseEntry {
 // order of their requests, whatever their txs (an erase's tx is its
 // entity's tombstone's, an older one for an entity already dead). So of
 // two erases of one entity, or of a node and then one of its edges, the
-// first erases the versions and the second finds none left. One registered by a transaction still running on the writer is
-// not listed (it may yet roll back); ByRequest sees it, for the decisions
-// of the requests after it in the same group.
+// first erases the versions and the second finds none left. One
+// registered by a transaction still running on the writer is not listed
+// (it may yet roll back); ByRequest sees it, for the decisions of the
+// requests after it in the same group.
 func (r *Erases) List() []*EraseEntry {
 	r.mu.Lock()
 	out := make([]*EraseEntry, 0, len(r.m))
