@@ -739,6 +739,9 @@ func (c *Changelog) checkpoint(ctx context.Context) (partition.CheckpointInfo, e
 	inv, err := c.inventory(ctx)
 	var info partition.CheckpointInfo
 	if err == nil {
+		err = c.owned(ctx, "saving a checkpoint")
+	}
+	if err == nil {
 		opts := c.pacedSaveOptions()
 		opts.Stored = inv.Tables(c.part)
 		info, err = partition.SaveCheckpointWith(ctx, c.obs, c.part, db, opts)
@@ -869,6 +872,12 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 		return fmt.Errorf("changelog: an erase's scrub: %w", err)
 	}
 	tListed := time.Since(t0)
+	// A former owner paused since before the erase would upload what it
+	// erased again; its successor would delete it only at its own next
+	// checkpoint or scrub.
+	if err := c.owned(ctx, "an erase's checkpoint"); err != nil {
+		return err
+	}
 	// Every write-set appended from now on is kept for step 3's tail; the
 	// ones appended before and not yet in the checkpoint are read back
 	// from the log beside the writer (readTail).
@@ -1005,15 +1014,17 @@ func (c *Changelog) ScrubCopies(ctx context.Context, marker uint64, onWriter fun
 
 // owned fails unless this slot is still its changelog's writer (no other
 // writer has appended since its last append: partition.Changelog.Owned).
-// A scrub or a checkpoint asks it before each step that deletes from the
-// bucket or purges the changelog: a former owner waking from a pause
-// inside one would otherwise delete by its stale view of the bucket, the
-// checkpoints and tables its successor's newer checkpoints name and the
-// data keys of the tables its successor stored since (DECISIONS 96). The
-// answer holds when the stream gave it: the window left is the one step.
+// A scrub or a checkpoint asks it before it saves and before each step
+// that deletes from the bucket or purges the changelog: a former owner
+// paused since before an erase would upload the erased data again, and
+// one waking from a pause inside one would delete by its stale view of
+// the bucket the checkpoints and tables its successor's newer
+// checkpoints name and the data keys of the tables its successor stored
+// since (DECISIONS 96). The answer holds when the stream gave it: the
+// window left is the one step.
 func (c *Changelog) owned(ctx context.Context, before string) error {
 	if err := c.cl.Owned(ctx); err != nil {
-		return fmt.Errorf("changelog: not sure this slot still owns its changelog, so nothing is deleted (before %s): %w", before, err)
+		return fmt.Errorf("changelog: not sure this slot still owns its changelog, so nothing is stored or deleted (before %s): %w", before, err)
 	}
 	return nil
 }

@@ -414,6 +414,14 @@ func TestAFormerOwnerDeletesNothing(t *testing.T) {
 			t.Errorf("the former owner deleted checkpoint %s", cp.Name)
 		}
 	}
+	// Nor does it store one: a former owner paused since before an erase
+	// would upload the erased data again (its successor deletes it, but
+	// only at its own next checkpoint or scrub).
+	for _, cp := range after {
+		if !slices.ContainsFunc(before, func(b partition.CheckpointInfo) bool { return b.Name == cp.Name }) {
+			t.Errorf("the former owner stored checkpoint %s", cp.Name)
+		}
+	}
 	if _, err := obs.GetInfo(ctx, stray); err != nil {
 		t.Errorf("the former owner collected a table: %v", err)
 	}
