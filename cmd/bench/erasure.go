@@ -71,7 +71,24 @@ type ErasureReport struct {
 	BystanderInScrubMaxms  float64 `json:"bystander_in_scrub_max_ms"`
 	BystanderOutScrubP99ms float64 `json:"bystander_out_scrub_p99_ms"`
 	BystanderOutScrubMaxms float64 `json:"bystander_out_scrub_max_ms"`
+	// BystanderSlowBySteps: the puts that took over 100 ms, by the step
+	// of a scrub of the copies they were published in ("save": listing
+	// and the first save with its upload; "held": the standbys' wait,
+	// the held step and the purge; "collect": the older checkpoints'
+	// deletes and the collection; "outside": no scrub), with the
+	// slowest of each: where the other tenants' tail comes from.
+	BystanderSlowBySteps map[string]SlowPuts `json:"bystander_slow_by_step"`
 }
+
+// SlowPuts counts the bystander's puts over 100 ms published in one step.
+type SlowPuts struct {
+	Count int     `json:"count"`
+	MaxMs float64 `json:"max_ms"`
+}
+
+// slowPutMs is where a bystander's put counts as slow for
+// ErasureReport.BystanderSlowBySteps.
+const slowPutMs = 100
 
 // ErasurePhase is one erase_changelog phase: a report per store size and
 // the ratios of the largest to the smallest.
@@ -166,6 +183,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		scrubMu sync.Mutex
 		scrubs  []slot.ScrubStatus
 		windows [][2]time.Time // each scrub's start and end
+		steps   []scrubStep    // every step each scrub reached, in order
 	)
 	ready := make(chan *slot.Slot, 1)
 	wctx, cancel := context.WithCancel(context.Background())
@@ -174,6 +192,11 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	t1 := time.Now()
 	go func() {
 		done <- app.Run(wctx, cfg, logs.logger(o.workerLog), app.Options{OnReady: func(a *slot.Slot) { ready <- a },
+			CopyScrubStep: func(step string) {
+				scrubMu.Lock()
+				steps = append(steps, scrubStep{step, time.Now()})
+				scrubMu.Unlock()
+			},
 			CopyScrubbed: func(s slot.ScrubStatus) {
 				scrubMu.Lock()
 				scrubs = append(scrubs, s)
@@ -361,7 +384,9 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 	var lat, in, out []float64
 	scrubMu.Lock()
 	ws := slices.Clone(windows)
+	sts := slices.Clone(steps)
 	scrubMu.Unlock()
+	rep.BystanderSlowBySteps = map[string]SlowPuts{}
 	for _, b := range bys {
 		got, err := wait(b.rid, time.Minute)
 		if err != nil {
@@ -380,6 +405,13 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		} else {
 			out = append(out, ms)
 		}
+		if ms > slowPutMs {
+			st := stepAt(b.at, ws, sts)
+			sp := rep.BystanderSlowBySteps[st]
+			sp.Count++
+			sp.MaxMs = max(sp.MaxMs, round3(ms))
+			rep.BystanderSlowBySteps[st] = sp
+		}
 	}
 	pct := func(xs []float64, p float64) float64 {
 		if len(xs) == 0 {
@@ -396,6 +428,7 @@ func runEraseSize(ctx context.Context, o *options, pg progress, ns *natsServer, 
 		rep.WriterHeldMeanMs, rep.WriterHeldMaxMs, rep.TailWriteSetsMean, rep.UploadedMBMean, rep.CollectedMBMean, rep.ScrubMeanSeconds,
 		rep.Bystander, rep.BystanderP50ms, rep.BystanderP99ms, rep.BystanderMaxms,
 		rep.BystanderInScrub, rep.BystanderInScrubP99ms, rep.BystanderInScrubMaxms, rep.BystanderOutScrubP99ms, rep.BystanderOutScrubMaxms)
+	pg.printf("%s: %.0f MB: bystander puts over %d ms by the scrub's step they were published in: %v", name, rep.StoreMB, slowPutMs, rep.BystanderSlowBySteps)
 	logs.mu.Lock()
 	if logs.warn+logs.errs > 0 {
 		pg.printf("%s: the worker logged %d warnings and %d errors; the first: %s", name, logs.warn, logs.errs, strings.Join(logs.first, " | "))
@@ -424,4 +457,35 @@ func dirSize(dir string) (int64, error) {
 		return err
 	})
 	return n, err
+}
+
+// scrubStep is a step an erase's scrub of the copies reached, and when
+// (app.Options.CopyScrubStep).
+type scrubStep struct {
+	name string
+	at   time.Time
+}
+
+// stepAt names the step of a scrub of the copies that ran at t, by the
+// scrubs' windows and the steps they reached (BystanderSlowBySteps).
+func stepAt(t time.Time, windows [][2]time.Time, steps []scrubStep) string {
+	for _, w := range windows {
+		if t.Before(w[0]) || !t.Before(w[1]) {
+			continue
+		}
+		step := "save"
+		for _, s := range steps {
+			if s.at.Before(w[0]) || s.at.After(w[1]) || s.at.After(t) {
+				continue
+			}
+			switch s.name {
+			case "checkpointed":
+				step = "held"
+			case "purged":
+				step = "collect"
+			}
+		}
+		return step
+	}
+	return "outside"
 }
