@@ -828,6 +828,23 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 	if total == 0 { // none of the tenant's puts is kept
 		return own, edges, nil
 	}
+	// The read ends at the tenant's last put as the stream's leader has it.
+	// The ordered consumer below is placed on a replica the server picks
+	// at random, which may lag behind the leader (a server just restarted
+	// or continued): its NumPending 0 would end the read before the puts
+	// it has not applied yet, and the erase would be answered with them
+	// still on the feed (a black-box probe on three servers: erased props
+	// read 2-14 s after the erase's result, after a slot moved). A replica
+	// that has a message has every message and delete the log held before
+	// it, so reading up to it is reading everything the leader had.
+	lastPut, err := stream.GetLastMsgForSubject(ctx, pattern)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return own, edges, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	upTo := lastPut.Sequence
 	// Headers only: the message id names the entity, an edge's headers its
 	// endpoints; the bodies (props and all) stay on the server.
 	// MaxResetAttempts: the client recreates an ordered consumer after a
@@ -839,7 +856,7 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 	if err != nil {
 		return nil, nil, err
 	}
-	seen := uint64(0)
+	seen, reached := uint64(0), uint64(0)
 	noResponders := 0
 	// retry: a pull answered "no responders" is sent again, a few times.
 	// An ordered consumer is created anew for each fetch, and on a
@@ -880,6 +897,7 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 				return nil, nil, err
 			}
 			last = md.NumPending
+			reached = max(reached, md.Sequence.Stream)
 			h := m.Headers()
 			if h.Get(client.ChangeNoPropsHeader) == "none" {
 				continue // published without props: nothing of it was erased
@@ -904,12 +922,14 @@ func erasedPuts(ctx context.Context, stream jetstream.Stream, prefix string, sc 
 			return nil, nil, err
 		}
 		switch {
-		case got > 0 && last == 0, seen >= total:
+		case reached >= upTo:
 			return own, edges, nil
 		case got == 0 && wait:
-			return nil, nil, fmt.Errorf("read %d of the %d puts the feed keeps for %s", seen, total, sc)
+			return nil, nil, fmt.Errorf("read %d of the %d puts the feed keeps for %s, up to sequence %d of %d (the replica read may lag)", seen, total, sc, reached, upTo)
 		}
-		wait = got == 0
+		// Nothing pending on the consumer's replica short of upTo: it
+		// lags; the next fetch waits for what it applies meanwhile.
+		wait = got == 0 || last == 0
 	}
 }
 
