@@ -352,3 +352,63 @@ func openSealed(t *testing.T) (context.Context, jetstream.JetStream, *Bucket, *p
 	t.Cleanup(func() { _ = src.Close() })
 	return ctx, js, obs.(*Bucket), src
 }
+
+// A table an older kept checkpoint names keeps its data key, even when
+// the listing the collection was given misses it: a listing read from a
+// replica that lags behind the stream's leader (a server just restarted
+// or continued; the server places the listing's consumer on any replica)
+// is such a listing. Before, the key sweep counted as live only what the
+// listing, the newest save and the kept checkpoints' own names held, and
+// destroyed the keys of the older checkpoint's tables: that checkpoint
+// could no longer be restored.
+func TestCollectKeepsTheKeysOfEveryKeptCheckpointsTables(t *testing.T) {
+	ctx, js, b, src := openSealed(t)
+	obs := jetstream.ObjectStore(b)
+	opts := SaveOptions{ChunkSize: ChunkSizeFor(js.Conn().MaxPayload())}
+	fill(t, src, "a", 100, 800)
+	fill(t, src, "b", 100, 800)
+	applied(t, src, 1)
+	older, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite every table: the newer checkpoint shares none with the older.
+	fill(t, src, "c", 100, 800)
+	if err := src.Compact(ctx, []byte{0}, []byte{0xff}, false); err != nil {
+		t.Fatal(err)
+	}
+	applied(t, src, 2)
+	// The save's view of the bucket is the lagging listing's too: none of
+	// the older's tables (it uploads what it does not see).
+	opts.Stored = map[string]bool{}
+	newer, err := SaveCheckpointWith(ctx, obs, 0, src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := ReadObject(ctx, obs, TablesName(0, older.Seq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := decodeTableList(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onlyOlder := 0
+	for _, tb := range list.Tables {
+		if !newer.Stored[tb.Object] {
+			onlyOlder++
+		}
+	}
+	if onlyOlder == 0 {
+		t.Fatalf("the newer checkpoint stores every table of the older (the test is wrong)")
+	}
+	// A listing that predates both saves: what a lagging replica answers.
+	if _, _, err := CollectTablesIn(ctx, js, obs, "TELHA_CKPT", 0, []CheckpointInfo{older, newer}, Listing{}, newer.Stored); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range list.Tables {
+		if _, err := b.keys.Get(ctx, tb.Object); err != nil {
+			t.Errorf("the data key of %s, a table of the kept checkpoint %s, was destroyed (%v)", tb.Object, older.Name, err)
+		}
+	}
+}

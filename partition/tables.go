@@ -376,6 +376,14 @@ func CollectTablesIn(ctx context.Context, js jetstream.JetStream, obs jetstream.
 		for _, o := range l {
 			live[o.Name] = live[o.Name] || !o.Deleted
 		}
+		// Every table a kept checkpoint names, whatever l says: a listing
+		// read from a replica that lags behind the stream's leader (the
+		// server places its consumer on any replica) misses what was
+		// stored lately, and the older kept checkpoints' tables need not
+		// be in stored.
+		for name := range keep {
+			live[name] = true
+		}
 		var newest uint64
 		for _, cp := range cps { // stored now, though l may predate them
 			live[cp.Name], live[TablesName(p, cp.Seq)] = true, true
