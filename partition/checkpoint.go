@@ -516,15 +516,12 @@ func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Lis
 	fail := func(err error) (Listing, error) {
 		return nil, fmt.Errorf("partition: read bucket %s since %d: %w", bucket, pos, err)
 	}
-	cons, err := js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"$O." + bucket + ".M.>"},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    pos + 1,
-	})
-	if err != nil {
-		return fail(err)
-	}
-	ci, err := cons.Info(ctx)
+	// The read ends at the last meta message as the stream's leader has
+	// it, not where the consumer's replica says nothing is pending: the
+	// server places the consumer on any replica, and one that lags (a
+	// server just restarted or continued) would end the read early, the
+	// objects stored lately missing from the listing.
+	upTo, err := lastMetaSeq(ctx, js, bucket)
 	if err != nil {
 		return fail(err)
 	}
@@ -533,7 +530,18 @@ func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Lis
 	for i, o := range out {
 		at[o.Name] = i
 	}
-	for pending := ci.NumPending; pending > 0; {
+	if upTo <= pos {
+		return out, nil
+	}
+	cons, err := js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"$O." + bucket + ".M.>"},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    pos + 1,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	for reached := pos; reached < upTo; {
 		msg, err := cons.Next(jetstream.FetchContext(ctx))
 		if err != nil {
 			return fail(err)
@@ -558,9 +566,43 @@ func ListSince(ctx context.Context, js jetstream.JetStream, bucket string, l Lis
 			at[info.Name] = len(out)
 			out = append(out, &info)
 		}
-		pending = md.NumPending
+		reached = md.Sequence.Stream
 	}
 	return slices.DeleteFunc(out, func(o *jetstream.ObjectInfo) bool { return o == nil }), nil
+}
+
+// lastMetaSeq returns the sequence of bucket's last object meta message
+// as the stream's leader has it (0: none). The client's message get is a
+// direct get for an object bucket (they allow it), which any replica
+// answers; this request goes to the leader.
+func lastMetaSeq(ctx context.Context, js jetstream.JetStream, bucket string) (uint64, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$O." + bucket + ".M.>"})
+	if err != nil {
+		return 0, err
+	}
+	subj := cmp.Or(js.Options().APIPrefix, jetstream.DefaultAPIPrefix) + "STREAM.MSG.GET.OBJ_" + bucket
+	msg, err := js.Conn().RequestWithContext(ctx, subj, req)
+	if err != nil {
+		return 0, fmt.Errorf("the last meta message: %w", err)
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("the last meta message: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, nil
+	case resp.Error != nil:
+		return 0, fmt.Errorf("the last meta message: %w", resp.Error)
+	case resp.Message == nil:
+		return 0, errors.New("the last meta message: an answer without one")
+	}
+	return resp.Message.Seq, nil
 }
 
 // DeletedNames returns the object names DeleteCheckpoint(cp) deletes.

@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -277,4 +278,64 @@ func describeAll(l Listing) map[string]string {
 		out[o.Name] = fmt.Sprint(o.Size, " ", o.Metadata, " ", o.ModTime.UnixNano(), " ", o.Deleted)
 	}
 	return out
+}
+
+// lagView is a JetStream whose ordered consumers sit on a replica that
+// has not applied the stream's latest messages when asked (its info: no
+// message pending), and deliver them once asked for the next one: what
+// the server does when it places a consumer on a replica that lags
+// behind the leader (a server just restarted or continued).
+type lagView struct{ jetstream.JetStream }
+
+func (j lagView) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.OrderedConsumer(ctx, stream, cfg)
+	return nothingPendingYet{c}, err
+}
+
+type nothingPendingYet struct{ jetstream.Consumer }
+
+func (c nothingPendingYet) Info(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	ci, err := c.Consumer.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lagging := *ci
+	lagging.NumPending = 0
+	return &lagging, nil
+}
+
+// A listing brought up to date reads on to the last meta message the
+// stream's leader has, whatever the consumer's replica says is pending.
+// Before, it trusted that replica: one that lagged left the objects
+// stored lately out of the listing.
+func TestListSinceReadsPastALaggingReplica(t *testing.T) {
+	ctx, _, js, obs := startBucket(t)
+	plain := obs.(*Bucket).ObjectStore
+	if _, err := plain.PutString(ctx, "partition-0/a", "a"); err != nil {
+		t.Fatal(err)
+	}
+	at0, err := BucketStateOf(ctx, js, "TELHA_CKPT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l0, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"b", "c"} {
+		if _, err := plain.PutString(ctx, "partition-0/"+n, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := List(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ListSince(ctx, lagView{js}, "TELHA_CKPT", l0, at0.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, w := describeAll(got), describeAll(want); !maps.Equal(g, w) {
+		t.Fatalf("brought up to date through a lagging replica:\n%v\nthe bucket:\n%v", g, w)
+	}
 }
