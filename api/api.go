@@ -99,8 +99,10 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 		listing := []string{"valid", "tx", "as_of_valid", "as_of_tx", "wait", "limit", "cursor"}
 		mux.HandleFunc("GET /v1/tenants/{t}/nodes", only(s.list(storage.KindNode), listing...))
 		mux.HandleFunc("GET /v1/tenants/{t}/edges", only(s.list(storage.KindEdge), listing...))
-		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id}", only(s.request))
-		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id}", only(s.erasure))
+		// {request_id...}: an id may hold slashes, escaped (%2F); the
+		// mux does not match one segment that is "%2F" alone.
+		mux.HandleFunc("GET /v1/tenants/{t}/requests/{request_id...}", only(s.request))
+		mux.HandleFunc("GET /v1/tenants/{t}/erasures/{request_id...}", only(s.erasure))
 		mux.HandleFunc("GET /v1/journals", only(s.journals))
 		mux.HandleFunc("GET /v1/partitions", only(s.partitions))
 	}
@@ -126,8 +128,10 @@ func Handler(store *storage.Store, opts Options) http.Handler {
 				"bytes", sw.n, "took", time.Since(began), "remote", r.RemoteAddr)
 		}()
 		// An empty path segment (/v1/tenants//nodes/...) is a bad request,
-		// not a redirect to a cleaned path.
-		if strings.Contains(r.URL.Path, "//") {
+		// not a redirect to a cleaned path. Looked for in the path as sent:
+		// an escaped slash is part of its segment (a request id "/a" is
+		// looked up as requests/%2Fa).
+		if strings.Contains(r.URL.EscapedPath(), "//") {
 			writeError(sw, http.StatusBadRequest, fmt.Sprintf("the path %s has an empty segment", storage.QuoteShort(r.URL.Path)))
 			return
 		}
@@ -843,7 +847,10 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, bad("tenant %s must match ^[a-z0-9][a-z0-9_-]{0,62}$", storage.QuoteShort(r.PathValue("t"))))
 		return
 	}
-	rid := r.PathValue("request_id")
+	rid, ok := requestIDOf(w, r)
+	if !ok {
+		return
+	}
 	rc, ok, err := storage.GetReceipt(s.store.Reader(), sc, rid)
 	if err != nil {
 		s.fail(w, err)
@@ -863,20 +870,51 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
+	// An erase runs from its head (journaled), with its node's cascade
+	// journal, when it has one, listed under its request id: both are
+	// named, as the erasure lookup and /v1/journals name them.
 	if e := s.store.Erases().ByRequest(sc, rid); e != nil {
-		writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: e.Job.Op.String(), ID: e.Job.ID.String()})
+		head, err := s.eraseHead(e)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		n := head.Versions
+		writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: e.Job.Op.String(), ID: e.Job.ID.String(),
+			Journaled: true, Journal: s.journalOf(sc, rid), VersionsErased: &n})
 		return
 	}
-	if s.opts.Journals != nil {
-		for _, j := range s.opts.Journals() {
-			if j.Tenant == sc.Tenant() && j.RequestID == rid && j.RequestID != "" {
-				writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: storage.OpTombstoneNode.String(),
-					ID: j.NodeID, Journaled: true, Journal: &j})
-				return
-			}
-		}
+	if j := s.journalOf(sc, rid); j != nil {
+		writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: storage.OpTombstoneNode.String(),
+			ID: j.NodeID, Journaled: true, Journal: j})
+		return
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no request %s in tenant %s (never seen, or invalid: invalid requests store nothing)", storage.QuoteShort(rid), sc.Tenant()))
+}
+
+// journalOf returns the entry of /v1/journals of the tenant's request
+// rid, or nil when none runs.
+func (s *Server) journalOf(sc storage.Scope, rid string) *Journal {
+	if s.opts.Journals == nil {
+		return nil
+	}
+	for _, j := range s.opts.Journals() {
+		if j.Tenant == sc.Tenant() && j.RequestID == rid {
+			return &j
+		}
+	}
+	return nil
+}
+
+// requestIDOf returns the request id of a lookup's path, or answers 404
+// as for any path ending in a slash when there is none.
+func requestIDOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+	rid := r.PathValue("request_id")
+	if rid == "" {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s (the API's paths end without a slash)", r.Method, storage.QuoteShort(r.URL.Path)))
+		return "", false
+	}
+	return rid, true
 }
 
 // Journal is one entry of /v1/journals. The journals' owner (package

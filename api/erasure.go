@@ -25,7 +25,7 @@ type Erasure struct {
 	Source         string  `json:"source"`
 	TxTime         *string `json:"tx_time"`
 	RequestedAt    *string `json:"requested_at"`
-	FinishedAt     *string `json:"finished_at"`
+	FinishedAt     *string `json:"finished_at,omitempty"` // done only
 	VersionsErased uint64  `json:"versions_erased"`
 	Digest         string  `json:"digest,omitempty"`
 }
@@ -36,17 +36,17 @@ func (s *Server) erasure(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, bad("tenant %s must match ^[a-z0-9][a-z0-9_-]{0,62}$", storage.QuoteShort(r.PathValue("t"))))
 		return
 	}
-	rid := r.PathValue("request_id")
+	rid, ok := requestIDOf(w, r)
+	if !ok {
+		return
+	}
 	// In flight first, then the record: an erase that finishes between the
 	// two lookups is found done, never missed.
 	if e := s.store.Erases().ByRequest(sc, rid); e != nil {
-		head, ok, err := s.store.EraseHead(s.store.Reader(), e)
+		head, err := s.eraseHead(e)
 		if err != nil {
 			s.fail(w, err)
 			return
-		}
-		if !ok {
-			head = e.Job
 		}
 		j := e.Job
 		writeJSON(w, http.StatusOK, Erasure{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: j.Op.String(), ID: j.ID.String(),
@@ -66,4 +66,14 @@ func (s *Server) erasure(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no erasure %s in tenant %s", storage.QuoteShort(rid), sc.Tenant()))
+}
+
+// eraseHead returns the head of erase e as stored (how far it got), or
+// as registered when it is not durable yet.
+func (s *Server) eraseHead(e *storage.EraseEntry) (storage.EraseJob, error) {
+	head, ok, err := s.store.EraseHead(s.store.Reader(), e)
+	if !ok {
+		head = e.Job
+	}
+	return head, err
 }

@@ -150,6 +150,22 @@ func TestRequestLookup(t *testing.T) {
 	}
 	e.getJSON("/v1/tenants/acme/requests/never", 404, nil)
 	e.getJSON("/v1/tenants/acme2/requests/look-1", 404, nil)
+	// An id with slashes is one path segment, escaped: its leading,
+	// trailing or doubled slashes are no empty segment of the path (a
+	// black-box probe: ids "/", "/a" and "a//b" were answered, then their
+	// lookups were 400 "empty segment").
+	for _, rid := range []string{"/", "/a", "a//b", "b/"} {
+		out, _, err := e.ops.Apply(context.Background(), []cascade.Request{{Scope: e.sc, Op: storage.OpPutNode, ID: uuid.New(), RequestID: rid,
+			ValidFrom: storage.NoTs, ValidTo: storage.NoTs, ValidEnd: storage.NoTs, Prov: storage.Provenance{DecidedAt: storage.NoTs}}})
+		if err != nil || out[0].Err != nil {
+			t.Fatal(err, out[0].Err)
+		}
+		var r api.Request
+		e.getJSON("/v1/tenants/acme/requests/"+url.PathEscape(rid), 200, &r)
+		if r.RequestID != rid || r.State != "answered" {
+			t.Fatalf("lookup of %q: %+v", rid, r)
+		}
+	}
 }
 
 // TestRoutingAnswers: a wrong method is 405 with Allow; an empty path
