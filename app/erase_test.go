@@ -220,18 +220,8 @@ func TestTwoErasesOfANodeRunInTheirOrder(t *testing.T) {
 // refused: the answers showed how far the cascade had got.
 func TestEraseEdgeRevealsNoHalfCascade(t *testing.T) {
 	ns := testnats.Start(t)
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	opts := Options{CascadeHooks: cascade.Hooks{JournalStep: func(_ *storage.JournalEntry, n int) {
-		if n == 2 { // the first chunk durable, the others not begun
-			once.Do(func() {
-				close(held)
-				<-release
-			})
-		}
-	}}}
+	opts, held, rel := holdTheFirstJournal()
 	startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "64", "--journal-chunk-ops", "32")
-	rel := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(rel) // before the worker stops (cleanups run last first)
 	b := newBus(t, ns)
 	const tenant, n = "halfway", 150
@@ -280,4 +270,75 @@ func TestEraseEdgeRevealsNoHalfCascade(t *testing.T) {
 	if r := mustOK(t, b.wait(b.send(tenant, eraseEdge(edges[n-1], "after")))); r.VersionsErased == nil || *r.VersionsErased != 2 {
 		t.Fatalf("erase_edge after the journal: %+v", r)
 	}
+}
+
+// The request lookup of an erase_node whose node's cascade is journaled
+// says, while it runs, that it is journaled, names its journal (the
+// entry /v1/journals lists under its request id) and the versions erased
+// so far; answered, it is journaled too. Before, it answered in_flight
+// with journaled false and neither (a black-box probe, 3 of 3 hubs).
+func TestTheLookupOfAJournaledEraseNamesItsJournal(t *testing.T) {
+	ns := testnats.Start(t)
+	opts, held, rel := holdTheFirstJournal()
+	w := startWorker(t, ns, t.TempDir(), opts, "--max-batch-ops", "64", "--journal-chunk-ops", "32")
+	t.Cleanup(rel) // before the worker stops (cleanups run last first)
+	b := newBus(t, ns)
+	const tenant, n = "lookup", 100
+	hub := uuid.NewString()
+	mustOK(t, b.wait(b.send(tenant, node(hub))))
+	var reqs []string
+	for i := 0; i < n; i++ {
+		x := uuid.NewString()
+		reqs = append(reqs, b.send(tenant, node(x)), b.send(tenant, edge(uuid.NewString(), hub, x)))
+	}
+	for _, id := range reqs {
+		mustOK(t, b.wait(id))
+	}
+	rid := b.send(tenant, eraseNode(hub, "lookup"))
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the erase's journal never reached its second chunk")
+	}
+	var r struct {
+		State          string  `json:"state"`
+		Op             string  `json:"op"`
+		Journaled      bool    `json:"journaled"`
+		VersionsErased *uint64 `json:"versions_erased"`
+		Journal        *struct {
+			RequestID string `json:"request_id"`
+			NodeID    string `json:"node_id"`
+		} `json:"journal"`
+	}
+	if code := w.get("/v1/tenants/"+tenant+"/requests/"+rid, &r); code != 200 {
+		t.Fatalf("lookup of the erase in flight: %d", code)
+	}
+	if r.State != "in_flight" || r.Op != "erase_node" || !r.Journaled || r.Journal == nil || r.Journal.RequestID != rid || r.Journal.NodeID != hub || r.VersionsErased == nil {
+		t.Fatalf("lookup of the erase while its journal is held: %+v (journal %+v), want in_flight, journaled, its journal and versions_erased", r, r.Journal)
+	}
+	rel()
+	if res := mustOK(t, b.wait(rid)); !res.Journaled {
+		t.Fatalf("the erase's result: %+v, want journaled", res)
+	}
+	r.Journal, r.VersionsErased = nil, nil
+	if code := w.get("/v1/tenants/"+tenant+"/requests/"+rid, &r); code != 200 || r.State != "answered" || !r.Journaled || r.VersionsErased == nil || *r.VersionsErased == 0 {
+		t.Fatalf("lookup of the erase answered: %d %+v, want answered, journaled, with the versions erased", code, r)
+	}
+}
+
+// holdTheFirstJournal returns worker options whose first cascade journal
+// stops after its first durable chunk (held is closed then) until
+// release is called (once or more).
+func holdTheFirstJournal() (opts Options, held <-chan struct{}, release func()) {
+	h, rel := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	opts = Options{CascadeHooks: cascade.Hooks{JournalStep: func(_ *storage.JournalEntry, n int) {
+		if n == 2 { // the first chunk durable, the others not begun
+			once.Do(func() {
+				close(h)
+				<-rel
+			})
+		}
+	}}}
+	return opts, h, sync.OnceFunc(func() { close(rel) })
 }
