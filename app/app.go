@@ -250,23 +250,10 @@ func dial(ctx context.Context, cfg *Config, log *slog.Logger) (*natsConn, error)
 	}
 	url := cfg.NATSURL
 	if url == "" {
-		host, port, err := net.SplitHostPort(cfg.NATSListen)
+		host, p, err := checkNATSListen(cfg.NATSListen)
 		if err != nil {
-			return nil, fmt.Errorf("%w: --nats-listen %q: %v", ErrUsage, cfg.NATSListen, err)
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --nats-listen %q: bad port", ErrUsage, cfg.NATSListen)
-		}
-		// The embedded server has no authentication and no TLS: whoever
-		// reaches it can publish requests for every tenant, read every
-		// result and dead letter, and call the JetStream API (purge or
-		// delete the streams). So it listens on loopback only, like the
-		// read API without tokens; other hosts use a NATS server of their
-		// own, with accounts (--nats-url).
-		if !loopbackHost(host) {
-			log.Error("refusing to start the embedded NATS server on a non-loopback address: it has no authentication", "nats_listen", cfg.NATSListen)
-			return nil, fmt.Errorf("%w: --nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", ErrUsage, cfg.NATSListen)
+			log.Error("refusing to start the embedded NATS server", "nats_listen", cfg.NATSListen, "err", err)
+			return nil, fmt.Errorf("%w: %w", ErrUsage, err)
 		}
 		ns, err := startEmbedded(ctx, log, &server.Options{
 			ServerName: "telha-embedded", Host: host, Port: p, JetStream: true,
@@ -358,6 +345,27 @@ func resolveReplicas(ctx context.Context, cfg *Config, nc *nats.Conn, log *slog.
 		return
 	}
 	log.Info("stream replicas", "replicas", n, "why", why)
+}
+
+// checkNATSListen parses --nats-listen (host and port) and refuses an
+// address that is not loopback. The embedded server has no
+// authentication and no TLS: whoever reaches it can publish requests for
+// every tenant, read every result and dead letter, and call the
+// JetStream API (purge or delete the streams). So it listens on loopback
+// only, like the read API without tokens; other hosts use a NATS server
+// of their own, with accounts (--nats-url).
+func checkNATSListen(addr string) (host string, port int, err error) {
+	host, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("--nats-listen %q: %v", addr, err)
+	}
+	if port, err = strconv.Atoi(ps); err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("--nats-listen %q: bad port", addr)
+	}
+	if !loopbackHost(host) {
+		return "", 0, fmt.Errorf("--nats-listen %q: the embedded NATS server has no authentication, so it listens on a loopback address only (127.0.0.1, ::1 or localhost); to serve other hosts, run a NATS server with accounts and give its URL with --nats-url", addr)
+	}
+	return host, port, nil
 }
 
 // loopbackHost reports whether host (of --nats-listen) is a loopback

@@ -351,6 +351,14 @@ func (c *Config) validate() []error {
 	if c.GroupMax < 1 {
 		bad("--group-max must be positive")
 	}
+	if c.GroupWait < 0 {
+		bad("--group-wait must not be negative, got %s", c.GroupWait)
+	}
+	if c.NATSURL == "" {
+		if _, _, err := checkNATSListen(c.NATSListen); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.MaxDeliver < 1 {
 		bad("--max-deliver must be positive")
 	}

@@ -91,6 +91,13 @@ func (c *Config) validateMemberRanges() []error {
 	if c.Member.ForwardWait < 0 || c.Member.ForwardWait > time.Minute {
 		bad("--forward-wait must be between 0 and 1m, got %s", c.Member.ForwardWait)
 	}
+	// The dynamic mode checks its id (the hostname when none is given);
+	// a static start checks one given, as every other dynamic flag.
+	if _, dyn := c.parseDynamic(); !dyn && c.Member.ID != "" {
+		if err := member.ValidID(c.Member.ID); err != nil {
+			bad("--member-id: %v", err)
+		}
+	}
 	return errs
 }
 

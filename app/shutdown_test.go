@@ -88,14 +88,19 @@ func TestShutdownReleasesWaitingReads(t *testing.T) {
 
 // TestEmbeddedNATSRefusesNonLoopback (issue 20 item 22): the embedded NATS
 // server has no authentication, so it listens on loopback only: a
-// non-loopback --nats-listen is refused at startup with a usage error that
-// says why and what to do instead.
+// non-loopback --nats-listen is a bad flag value (usage, exit 2) that
+// says why and what to do instead, and Run refuses such a config too.
 func TestEmbeddedNATSRefusesNonLoopback(t *testing.T) {
 	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", "192.0.2.1:4222", "nats.example:4222"} {
-		cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--nats-listen", addr}, func(string) string { return "" }, io.Discard)
+		_, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--nats-listen", addr}, func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "loopback") {
+			t.Errorf("flags --nats-listen %s: %v; want a usage error about loopback", addr, err)
+		}
+		cfg, err := ParseFlags([]string{"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0"}, func(string) string { return "" }, io.Discard)
 		if err != nil {
 			t.Fatalf("flags: %v", err)
 		}
+		cfg.NATSListen = addr
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		ready := false
 		err = Run(ctx, cfg, testLog, Options{OnReady: func(*slot.Slot) { ready = true; cancel() }})

@@ -81,6 +81,11 @@ func TestBadFlagsExit2WithUsage(t *testing.T) {
 		{"http addr without a port", []string{"--http-addr", "nonsense"}, nil},
 		{"http addr port out of range", []string{"--http-addr", ":70000"}, nil},
 		{"api addr without a port", []string{"--api-addr", "nonsense"}, nil},
+		// (a black-box probe found these accepted, or refused without usage)
+		{"static bad member id", []string{"--member-id", "a b"}, nil},
+		{"negative group wait", []string{"--group-wait", "-1s"}, nil},
+		{"embedded nats on a public address", []string{"--nats-listen", "0.0.0.0:4222"}, nil},
+		{"embedded nats without a port", []string{"--nats-listen", "127.0.0.1"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
