@@ -40,6 +40,9 @@ func runChanges(ctx context.Context, g *globals, args []string, stdout, stderr i
 	if !client.ValidTenant(*tenant) {
 		return usageError{fmt.Sprintf("--tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$ (no wildcard: a tenant reads its own feed)", *tenant)}
 	}
+	if *from != "" && *fromSeq > 0 {
+		return usageError{"--from and --from-seq contradict each other: give one"}
+	}
 	cfg := client.ChangesConfig{Prefix: g.prefix, Tenant: *tenant, Durable: *durable, FromSeq: *fromSeq}
 	if *from != "" {
 		t, err := time.Parse(time.RFC3339Nano, *from)

@@ -43,6 +43,8 @@ func runCheckpoints(ctx context.Context, g *globals, args []string, stdout, stde
 		return usageError{"checkpoints takes no arguments"}
 	case *slots < 1:
 		return usageError{"checkpoints needs --slots N (the N of --partition-owner i/N or dynamic/N)"}
+	case *slot < -1 || *slot >= *slots:
+		return usageError{fmt.Sprintf("--slot %d: want 0 to %d (of --slots %d)", *slot, *slots-1, *slots)}
 	case (*get == "") != (*out == ""):
 		return usageError{"--get and --out go together"}
 	}

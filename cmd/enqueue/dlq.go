@@ -48,6 +48,12 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 		if len(pos) > 0 {
 			return usageError{"dlq list takes no arguments"}
 		}
+		if *limit < 1 {
+			return usageError{fmt.Sprintf("--limit %d: want at least 1", *limit)}
+		}
+		if *tenant != "" && !client.ValidTenant(*tenant) {
+			return usageError{fmt.Sprintf("--tenant %q must match ^[a-z0-9][a-z0-9_-]{0,62}$", *tenant)}
+		}
 		switch *format {
 		case "auto", "table", "json":
 		default:
@@ -117,8 +123,14 @@ func runDLQ(ctx context.Context, g *globals, args []string, stdout, stderr io.Wr
 		if d := client.DeadLetterOf(m, g.prefix, false); refusedAsIs[d.Reason] && !*force {
 			// The same body is refused again at once, and dead-lettered again
 			// (issue 32 item 7): say so instead of looping it.
+			// A conflict's request id is taken (its first request's answer
+			// stands): the new request needs a new id (RUNBOOK).
+			instead := "publish a corrected request under its request id instead"
+			if d.Reason == "conflict" {
+				instead = "publish the new request under a new request id instead (this one is taken: its first request's answer stands)"
+			}
 			return usageError{fmt.Sprintf("dead letter %d was refused as %s (%s): republished as it is, it is refused again at once; "+
-				"publish a corrected request under its request id instead, or pass --force to republish it anyway", seq, d.Reason, shorten(d.Error, 200))}
+				"%s, or pass --force to republish it anyway", seq, d.Reason, shorten(d.Error, 200), instead)}
 		}
 		r, err := client.RetryDeadLetter(ctx, js, s, g.prefix, seq)
 		if err != nil {

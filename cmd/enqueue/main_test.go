@@ -176,6 +176,19 @@ func TestEnqueueHelpAndErase(t *testing.T) {
 			t.Errorf("changes --tenant %q: exit %d %q, want 2", tenant, code, errOut)
 		}
 	}
+	// Values that contradict or cannot be, refused before connecting (a
+	// black-box probe found them accepted).
+	for _, args := range [][]string{
+		{"changes", "--tenant", "acme", "--from", "2026-12-05T10:00:00Z", "--from-seq", "5"},
+		{"checkpoints", "--slots", "1", "--slot", "3"},
+		{"checkpoints", "--slots", "2", "--slot", "-2"},
+		{"dlq", "list", "--limit", "-1"},
+		{"dlq", "list", "--tenant", "BAD"},
+	} {
+		if code, _, errOut := enqueue(t, args...); code != 2 {
+			t.Errorf("%v: exit %d %q, want 2", args, code, errOut)
+		}
+	}
 	code, _, errOut = enqueue(t, "put-node", "-h")
 	if code != 0 || !strings.Contains(errOut, "-props") || strings.Contains(errOut, "-nats-creds") {
 		t.Errorf("put-node -h: exit %d; want its own flags only: %q", code, errOut)
