@@ -851,25 +851,9 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	rc, ok, err := storage.GetReceipt(s.store.Reader(), sc, rid)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	if ok {
-		out := Request{RequestID: rid, Tenant: sc.Tenant(), State: "answered", Op: rc.Op.String(), ID: rc.ID.String(),
-			Status: rc.Status.String(), EdgesTombstoned: rc.EdgesTombstoned, Journaled: rc.Journaled}
-		if rc.Op == storage.OpEraseNode || rc.Op == storage.OpEraseEdge {
-			n := rc.VersionsErased
-			out.VersionsErased = &n
-		}
-		if rc.Status == storage.StatusOK {
-			tx := rc.Tx.Time().Format(storage.TimeLayout)
-			out.TxTime = &tx
-		}
-		writeJSON(w, http.StatusOK, out)
-		return
-	}
+	// In flight first, then the receipt: a request that finishes between
+	// the two lookups is found answered, never missed (its erase or
+	// journal leaves the lists only after its receipt is committed).
 	// An erase runs from its head (journaled), with its node's cascade
 	// journal, when it has one, listed under its request id: both are
 	// named, as the erasure lookup and /v1/journals name them.
@@ -887,6 +871,25 @@ func (s *Server) request(w http.ResponseWriter, r *http.Request) {
 	if j := s.journalOf(sc, rid); j != nil {
 		writeJSON(w, http.StatusOK, Request{RequestID: rid, Tenant: sc.Tenant(), State: "in_flight", Op: storage.OpTombstoneNode.String(),
 			ID: j.NodeID, Journaled: true, Journal: j})
+		return
+	}
+	rc, ok, err := storage.GetReceipt(s.store.Reader(), sc, rid)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if ok {
+		out := Request{RequestID: rid, Tenant: sc.Tenant(), State: "answered", Op: rc.Op.String(), ID: rc.ID.String(),
+			Status: rc.Status.String(), EdgesTombstoned: rc.EdgesTombstoned, Journaled: rc.Journaled}
+		if rc.Op == storage.OpEraseNode || rc.Op == storage.OpEraseEdge {
+			n := rc.VersionsErased
+			out.VersionsErased = &n
+		}
+		if rc.Status == storage.StatusOK {
+			tx := rc.Tx.Time().Format(storage.TimeLayout)
+			out.TxTime = &tx
+		}
+		writeJSON(w, http.StatusOK, out)
 		return
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no request %s in tenant %s (never seen, or invalid: invalid requests store nothing)", storage.QuoteShort(rid), sc.Tenant()))

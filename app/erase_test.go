@@ -317,6 +317,23 @@ func TestTheLookupOfAJournaledEraseNamesItsJournal(t *testing.T) {
 		t.Fatalf("lookup of the erase while its journal is held: %+v (journal %+v), want in_flight, journaled, its journal and versions_erased", r, r.Journal)
 	}
 	rel()
+	// Looked up while it finishes: in flight, then answered, never 404
+	// (before, the receipt was read first: an erase finishing between the
+	// two lookups was found in neither).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var now struct {
+			State string `json:"state"`
+		}
+		if code := w.get("/v1/tenants/"+tenant+"/requests/"+rid, &now); code != 200 {
+			t.Fatalf("lookup of the erase as it finishes: %d, want 200", code)
+		}
+		if now.State == "answered" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the erase still %s after 30 s", now.State)
+		}
+	}
 	if res := mustOK(t, b.wait(rid)); !res.Journaled {
 		t.Fatalf("the erase's result: %+v, want journaled", res)
 	}
